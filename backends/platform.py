@@ -1,0 +1,69 @@
+"""Which accelerator this process runs on: CUDA, Ascend NPU or CPU.
+
+Detected once at import. `OMNIVIDEO_DEVICE=cpu|cuda|npu` overrides detection (tests
+use it with fake `torch_npu` modules). Inside ComfyUI the answer follows
+`comfy.model_management.get_torch_device()` so the pack and ComfyUI never disagree.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .. import compat
+
+PLATFORMS = ("cuda", "npu", "cpu")
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str  # one of PLATFORMS
+    device: torch.device
+    reason: str  # how it was decided, for the backend report
+
+    @property
+    def device_name(self) -> str:
+        if self.name == "cuda" and torch.cuda.is_available():
+            return torch.cuda.get_device_name(self.device)
+        if self.name == "npu" and hasattr(torch, "npu"):
+            try:
+                return torch.npu.get_device_name(self.device)
+            except Exception:
+                return "Ascend NPU"
+        return "CPU"
+
+
+def _npu_available() -> bool:
+    """Ascend NPU: `torch_npu` importable (it registers `torch.npu`) and a device present."""
+    try:
+        importlib.import_module("torch_npu")
+    except Exception:
+        return False
+    npu = getattr(torch, "npu", None)
+    return bool(npu is not None and npu.is_available())
+
+
+def detect() -> Platform:
+    override = os.environ.get("OMNIVIDEO_DEVICE", "").strip().lower()
+    if override:
+        if override not in PLATFORMS:
+            raise ValueError(f"OMNIVIDEO_DEVICE={override!r}: use one of {', '.join(PLATFORMS)}.")
+        index = ":0" if override != "cpu" else ""
+        return Platform(override, torch.device(override + index), "OMNIVIDEO_DEVICE override")
+
+    comfy_device = compat.comfy_torch_device()
+    if comfy_device is not None:
+        kind = comfy_device.type if comfy_device.type in PLATFORMS else "cpu"
+        return Platform(kind, comfy_device, f"ComfyUI model_management chose {comfy_device}")
+
+    if torch.cuda.is_available():
+        return Platform("cuda", torch.device("cuda", torch.cuda.current_device()), "torch.cuda.is_available()")
+    if _npu_available():
+        return Platform("npu", torch.device("npu:0"), "torch_npu imported and torch.npu.is_available()")
+    return Platform("cpu", torch.device("cpu"), "no CUDA or Ascend NPU device found")
+
+
+PLATFORM = detect()

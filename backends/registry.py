@@ -1,0 +1,133 @@
+"""Named implementations per operation, and how one is chosen on this machine.
+
+An implementation declares the platforms it runs on and a probe (is its package
+importable, is its op present). `resolve(op, requested)` returns the requested one
+when usable, else walks its fallback chain and says in one line why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .platform import PLATFORM, Platform
+
+log = logging.getLogger("omnivideo")
+
+Probe = Callable[[Platform], "str | None"]  # None when usable, else why not
+
+
+@dataclass(frozen=True)
+class Impl:
+    op: str
+    name: str
+    platforms: tuple[str, ...]
+    loader: str  # "module:attr", imported lazily; a leading "." is relative to this pack
+    probe: Probe | None = None
+    fallback: str | None = None  # next implementation to try when this one is unusable
+    exact: bool = True  # bit-for-bit/numerically the reference (False: approximate, e.g. sparse)
+    doc: str = ""
+
+    def unusable_reason(self, platform: Platform) -> str | None:
+        if platform.name not in self.platforms:
+            return f"{self.name} runs on {'/'.join(self.platforms)}, this is {platform.name}"
+        return self.probe(platform) if self.probe is not None else None
+
+    def load(self) -> Any:
+        module, _, attr = self.loader.partition(":")
+        mod = importlib.import_module(module, package=_PACK)
+        return getattr(mod, attr) if attr else mod
+
+
+@dataclass(frozen=True)
+class Resolution:
+    impl: Impl
+    requested: str
+    reason: str  # one line: why this implementation
+
+    @property
+    def name(self) -> str:
+        return self.impl.name
+
+    def load(self) -> Any:
+        return self.impl.load()
+
+
+@dataclass
+class _Op:
+    impls: dict[str, Impl] = field(default_factory=dict)
+    auto_order: list[str] = field(default_factory=list)  # preference for "auto"
+
+
+_PACK = __package__.rpartition(".")[0]  # "omnivideo", or "custom_nodes.<folder>" in ComfyUI
+_OPS: dict[str, _Op] = {}
+_logged: set[tuple[str, str, str]] = set()
+
+
+def register(impl: Impl, *, auto_rank: int | None = None) -> Impl:
+    """Add an implementation; `auto_rank` places it in the op's "auto" preference (0 first)."""
+    op = _OPS.setdefault(impl.op, _Op())
+    op.impls[impl.name] = impl
+    if auto_rank is not None:
+        op.auto_order.insert(min(auto_rank, len(op.auto_order)), impl.name)
+    return impl
+
+
+def ops() -> list[str]:
+    return sorted(_OPS)
+
+
+def implementations(op: str) -> dict[str, Impl]:
+    if op not in _OPS:
+        raise KeyError(f"unknown op {op!r}; known ops: {', '.join(ops())}")
+    return dict(_OPS[op].impls)
+
+
+def resolve(op: str, requested: str = "auto", platform: Platform | None = None) -> Resolution:
+    """The implementation of `op` to run, with a one-line reason (logged once per answer)."""
+    platform = platform or PLATFORM
+    impls = implementations(op)
+    if requested == "auto":
+        for name in _OPS[op].auto_order:
+            why_not = impls[name].unusable_reason(platform)
+            if why_not is None:
+                return _logged_once(Resolution(impls[name], requested, f"auto: fastest usable on {platform.name}"))
+        raise RuntimeError(f"no usable implementation of {op} on {platform.name}")
+    if requested not in impls:
+        raise ValueError(f"unknown {op} implementation {requested!r}; choose from auto, {', '.join(impls)}")
+
+    reasons, name, seen = [], requested, set()
+    while name is not None and name not in seen:
+        seen.add(name)
+        why_not = impls[name].unusable_reason(platform)
+        if why_not is None:
+            reason = "requested" if name == requested else f"fell back to {name}: " + "; ".join(reasons)
+            return _logged_once(Resolution(impls[name], requested, reason))
+        reasons.append(why_not)
+        name = impls[name].fallback
+    raise RuntimeError(f"{op}: {requested} is unusable and has no usable fallback: " + "; ".join(reasons))
+
+
+def _logged_once(res: Resolution) -> Resolution:
+    key = (res.impl.op, res.requested, res.name)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("omnivideo %s: %s -> %s (%s)", res.impl.op, res.requested, res.name, res.reason)
+    return res
+
+
+def module_probe(module: str, attr: str | None = None) -> Probe:
+    """Probe: `module` importable (and has `attr`)."""
+
+    def probe(platform: Platform) -> str | None:
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:
+            return f"{module} is not importable ({type(exc).__name__})"
+        if attr is not None and not hasattr(mod, attr):
+            return f"{module} has no {attr}"
+        return None
+
+    return probe

@@ -1,0 +1,1 @@
+"""Network definitions, checkpoint key mapping and fast paths installed on them."""

@@ -1,0 +1,29 @@
+"""OmniVideo Backend Info: what a user pastes into a bug report."""
+
+from __future__ import annotations
+
+from ..backends import backend_report
+from ..compat import io
+
+
+class OmniVideoBackendInfo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoBackendInfo",
+            display_name="OmniVideo Backend Info",
+            category="OmniVideo/utils",
+            description="Platform, versions and which implementation each operation resolves to (and why).",
+            inputs=[],
+            outputs=[io.String.Output(display_name="report")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls) -> io.NodeOutput:
+        report = backend_report()
+        return io.NodeOutput(report, ui={"text": [report]})
+
+    @classmethod
+    def fingerprint_inputs(cls):
+        return backend_report()  # re-run when the environment changes

@@ -1,0 +1,1 @@
+"""Generation and decode logic per model family."""

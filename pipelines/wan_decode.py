@@ -1,0 +1,3 @@
+FUSION_CHOICES = ("auto", "triton", "torch", "off")
+def decode_to_images(vae, latent, fusion):
+    raise NotImplementedError
