@@ -164,3 +164,23 @@ def model_file_path(folder: str, name: str) -> str:
         f"'{name}' is not in ComfyUI's '{folder}' model folder. Put the file under "
         f"models/{folder}/ (or a path listed in extra_model_paths.yaml) and refresh."
     )
+
+
+def diffusion_model_wrapper_type() -> str:
+    """ComfyUI's wrapper slot around the diffusion model's forward (WrappersMP.DIFFUSION_MODEL)."""
+    try:
+        from comfy.patcher_extension import WrappersMP
+
+        return WrappersMP.DIFFUSION_MODEL
+    except Exception:
+        return "diffusion_model"
+
+
+def attention_override_supported() -> bool:
+    """Whether this ComfyUI honours transformer_options["optimized_attention_override"] (0.3.6x+)."""
+    try:
+        import comfy.ldm.modules.attention as attn
+
+        return hasattr(attn, "wrap_attn")
+    except Exception:
+        return False

@@ -51,6 +51,8 @@ def detect() -> Platform:
     if override:
         if override not in PLATFORMS:
             raise ValueError(f"OMNIVIDEO_DEVICE={override!r}: use one of {', '.join(PLATFORMS)}.")
+        if override == "npu" and not _npu_available():
+            raise RuntimeError("OMNIVIDEO_DEVICE=npu needs torch_npu installed and an Ascend device visible.")
         index = ":0" if override != "cpu" else ""
         return Platform(override, torch.device(override + index), "OMNIVIDEO_DEVICE override")
 

@@ -1,0 +1,174 @@
+"""Fused fast paths installed on a diffusers `AutoencoderKLWan` decoder.
+
+Two data-movement fusions replace diffusers' call sites, bit for bit:
+
+* every cached causal conv: `cache_x = x[:, :, -2:].clone()` + `torch.cat([cache, x])` +
+  `F.pad` become one `cat_pad_5d` pass that also returns the next cache;
+* the Wan 2.2 residual up block: `x + DupUp3D(x_copy)` becomes `dup_up3d_add`, without
+  materialising the repeated shortcut (and without the defensive `x_copy` clone: nothing
+  writes into the block input in place).
+
+The fast paths are per-instance `forward` rebinds (state_dict keys are untouched, the
+module classes are unchanged) and installing twice is a no-op. Each call site checks
+its guard and, when the fused op cannot run (grad enabled, torch.compile tracing,
+unsupported dtype/layout/device), runs diffusers' exact operation order instead.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+import torch.nn as nn
+from diffusers.models.autoencoders import autoencoder_kl_wan as dwan
+
+CACHE_T = dwan.CACHE_T
+LEVELS = ("reference", "torch_fused", "triton")
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _layouts(t: torch.Tensor) -> set[str]:
+    """The kernel layouts `t` is dense in (a 1-channel or 1x1 tensor is in both)."""
+    return {name for name, fmt in (("ncdhw", torch.contiguous_format), ("cl3d", torch.channels_last_3d))
+            if t.is_contiguous(memory_format=fmt)}
+
+
+def _device_ok(ops, device: torch.device) -> bool:
+    if ops.__name__.endswith("wan_vae_triton"):  # CUDA, or the CPU interpreter (tests only)
+        return device.type == "cuda" or device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return True
+
+
+def _fusable(ops, x: torch.Tensor, *others: torch.Tensor) -> bool:
+    """The guard every fused call site checks first."""
+    if ops is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    layouts = _layouts(x)
+    if not layouts or x.dtype not in _DTYPES or not _device_ok(ops, x.device):
+        return False
+    return all(o.dtype == x.dtype and o.device == x.device and _layouts(o) & layouts for o in others)
+
+
+def _reference_cached_conv(conv, x, cache):
+    """diffusers' order for a cached causal conv: returns (output, next cache)."""
+    cache_x = x[:, :, -CACHE_T:, :, :].clone()
+    if cache_x.shape[2] < 2 and cache is not None:
+        cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
+    return conv(x, cache), cache_x
+
+
+def _cached_conv(module, conv, x, feat_cache, feat_idx):
+    """conv(x, feat_cache[idx]) and store x's last frames as the next cache."""
+    idx = feat_idx[0]
+    cache = feat_cache[idx]
+    ops = module._omnivideo_ops
+    if _fusable(ops, x, *([cache] if cache is not None else [])):
+        padded, feat_cache[idx] = ops.cat_pad_5d(x, cache, conv._padding, keep_cache_frames=CACHE_T)
+        out = nn.Conv3d.forward(conv, padded)  # conv.padding is (0, 0, 0): padding is in `padded`
+    else:
+        out, feat_cache[idx] = _reference_cached_conv(conv, x, cache)
+    feat_idx[0] += 1
+    return out
+
+
+def _residual_block_forward(self, x, feat_cache=None, feat_idx=[0]):
+    if feat_cache is None:
+        return type(self).forward(self, x)
+    h = self.conv_shortcut(x)
+    x = self.nonlinearity(self.norm1(x))
+    x = _cached_conv(self, self.conv1, x, feat_cache, feat_idx)
+    x = self.dropout(self.nonlinearity(self.norm2(x)))
+    x = _cached_conv(self, self.conv2, x, feat_cache, feat_idx)
+    return x + h
+
+
+def _decoder_forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):
+    if feat_cache is None:
+        return type(self).forward(self, x, first_chunk=first_chunk)
+    x = _cached_conv(self, self.conv_in, x, feat_cache, feat_idx)
+    x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    for up_block in self.up_blocks:
+        x = up_block(x, feat_cache=feat_cache, feat_idx=feat_idx, first_chunk=first_chunk)
+    x = self.nonlinearity(self.norm_out(x))
+    return _cached_conv(self, self.conv_out, x, feat_cache, feat_idx)
+
+
+def _upsample3d_forward(self, x, feat_cache=None, feat_idx=[0]):
+    """WanResample(upsample3d) with its time_conv through `cat_pad_5d`."""
+    if feat_cache is None:
+        return type(self).forward(self, x)
+    b, c, t, h, w = x.shape
+    idx = feat_idx[0]
+    if feat_cache[idx] is None:  # first chunk: diffusers marks "Rep" and skips time_conv
+        feat_cache[idx] = "Rep"
+        feat_idx[0] += 1
+    else:
+        if isinstance(feat_cache[idx], str):
+            # After "Rep", diffusers zero-pads two frames and caches [0, x] for a 1-frame x: the
+            # same as a one-frame zero cache, which the cached-conv path handles exactly.
+            feat_cache[idx] = torch.zeros_like(x[:, :, -1:])
+        x = _cached_conv(self, self.time_conv, x, feat_cache, feat_idx)
+        x = x.reshape(b, 2, c, t, h, w)
+        x = torch.stack((x[:, 0, :, :, :, :], x[:, 1, :, :, :, :]), 3)
+        x = x.reshape(b, c, t * 2, h, w)
+    t = x.shape[2]
+    x = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+    x = self.resample(x)
+    return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+
+
+def _residual_up_block_forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):
+    """WanResidualUpBlock (Wan 2.2) with the DupUp3D shortcut fused into the add."""
+    if feat_cache is None:
+        return type(self).forward(self, x, first_chunk=first_chunk)
+    source = x  # diffusers clones here; the resnets never write into their input
+    for resnet in self.resnets:
+        x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    if self.upsampler is not None:
+        x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    if self.avg_shortcut is None:
+        return x
+    up = self.avg_shortcut
+    if _fusable(self._omnivideo_ops, x, source):
+        return self._omnivideo_ops.dup_up3d_add(x, source, up.factor_t, up.factor_s, up.repeats, first_chunk)
+    return x + up(source, first_chunk=first_chunk)
+
+
+_FAST_FORWARDS = {
+    dwan.WanDecoder3d: _decoder_forward,
+    dwan.WanResidualBlock: _residual_block_forward,
+    dwan.WanResidualUpBlock: _residual_up_block_forward,
+}
+
+
+def _fast_forward(module: nn.Module):
+    if isinstance(module, dwan.WanResample):
+        return _upsample3d_forward if module.mode == "upsample3d" else None
+    return _FAST_FORWARDS.get(type(module))
+
+
+def install_fused_decoder(vae: dwan.AutoencoderKLWan, level: str, ops=None) -> None:
+    """Route `vae.decoder` through the fused ops of `level` ('reference' restores diffusers).
+
+    `ops` is the loaded implementation module (from the backend registry); idempotent.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown fusion level {level!r}; expected one of {', '.join(LEVELS)}")
+    if level != "reference" and ops is None:
+        raise ValueError(f"fusion level {level!r} needs its ops module")
+    for module in vae.decoder.modules():
+        fast = _fast_forward(module)
+        if fast is None:
+            continue
+        if level == "reference":
+            module.__dict__.pop("forward", None)
+            module.__dict__.pop("_omnivideo_ops", None)
+        else:
+            module.forward = types.MethodType(fast, module)
+            module._omnivideo_ops = ops
+    vae._omnivideo_fusion = level
+
+
+def installed_level(vae: dwan.AutoencoderKLWan) -> str:
+    return getattr(vae, "_omnivideo_fusion", "reference")

@@ -1,0 +1,127 @@
+"""Platform detection and implementation resolution, with a simulated Ascend NPU."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+from omnivideo import compat
+from omnivideo.backends import Platform, backend_report, detect, implementations, platform, resolve
+from omnivideo.nodes.backend_info import OmniVideoBackendInfo
+
+CPU = Platform("cpu", torch.device("cpu"), "test")
+
+
+def _register_npu_device_name():
+    """What importing the real torch_npu does first: name torch's extension backend 'npu'."""
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+
+
+@pytest.fixture
+def fake_npu(monkeypatch):
+    """A `torch_npu` that registers `torch.npu` with one available device, as the real one does."""
+    _register_npu_device_name()
+    npu = types.SimpleNamespace(is_available=lambda: True, get_device_name=lambda device=None: "Ascend910B (fake)")
+    module = types.ModuleType("torch_npu")
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return npu
+
+
+@pytest.fixture
+def NPU(fake_npu):
+    return Platform("npu", torch.device("npu:0"), "test")
+
+
+@pytest.fixture
+def fake_mindiesd(monkeypatch):
+    module = types.ModuleType("mindiesd")
+    module.attention_forward_varlen = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "mindiesd", module)
+    return module
+
+
+def test_detects_npu_through_torch_npu(monkeypatch, fake_npu):
+    monkeypatch.delenv("OMNIVIDEO_DEVICE", raising=False)
+    monkeypatch.setattr(compat, "comfy_torch_device", lambda: None)
+    found = detect()
+    assert (found.name, found.device) == ("npu", torch.device("npu:0"))
+    assert found.device_name == "Ascend910B (fake)"
+
+
+def test_detects_cpu_without_accelerators(monkeypatch):
+    monkeypatch.delenv("OMNIVIDEO_DEVICE", raising=False)
+    monkeypatch.setattr(compat, "comfy_torch_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import fails
+    assert detect().name == "cpu"
+    monkeypatch.setenv("OMNIVIDEO_DEVICE", "npu")
+    with pytest.raises(RuntimeError, match="OMNIVIDEO_DEVICE=npu needs torch_npu"):
+        detect()
+
+
+def test_env_override_wins_and_is_validated(monkeypatch, fake_npu):
+    monkeypatch.setenv("OMNIVIDEO_DEVICE", "cpu")
+    assert detect().name == "cpu" and "override" in detect().reason
+    monkeypatch.setenv("OMNIVIDEO_DEVICE", "npu")
+    assert detect().device == torch.device("npu:0")
+    monkeypatch.setenv("OMNIVIDEO_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="OMNIVIDEO_DEVICE='tpu'"):
+        detect()
+
+
+def test_follows_comfyui_device_choice(monkeypatch, fake_npu):
+    """Inside ComfyUI the registry agrees with comfy.model_management, even if torch_npu exists."""
+    monkeypatch.delenv("OMNIVIDEO_DEVICE", raising=False)
+    monkeypatch.setattr(compat, "comfy_torch_device", lambda: torch.device("cpu"))
+    assert detect().name == "cpu" and "ComfyUI" in detect().reason
+    monkeypatch.setattr(compat, "comfy_torch_device", lambda: torch.device("npu", 1))
+    assert detect().device == torch.device("npu", 1)
+
+
+def test_wan_vae_resolution_per_platform(monkeypatch, NPU):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert resolve("wan_vae", "auto", CPU).name == "torch_fused"
+    fell = resolve("wan_vae", "triton", CPU)
+    assert fell.name == "torch_fused" and "fell back to torch_fused" in fell.reason and "Triton" in fell.reason
+    on_npu = resolve("wan_vae", "triton", NPU)
+    assert on_npu.name == "torch_fused" and "this is npu" in on_npu.reason
+    assert resolve("wan_vae", "reference", NPU).reason == "requested"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CPU interpreter makes Triton usable (tests)
+    assert resolve("wan_vae", "triton", CPU).name == "triton"
+
+
+def test_npu_attention_needs_mindiesd(monkeypatch, fake_mindiesd, NPU):
+    assert resolve("attention", "npu_fusion_varlen", NPU).name == "npu_fusion_varlen"
+    monkeypatch.delitem(sys.modules, "mindiesd")
+    monkeypatch.setitem(sys.modules, "mindiesd", None)
+    fell = resolve("attention", "npu_fusion_varlen", NPU)
+    assert fell.name != "npu_fusion_varlen" and "mindiesd is not importable" in fell.reason
+    assert resolve("attention", "npu_fusion_varlen", CPU).name != "npu_fusion_varlen"
+
+
+def test_unknown_names_are_clear_errors():
+    with pytest.raises(ValueError, match="choose from auto, triton, torch_fused, reference"):
+        resolve("wan_vae", "cudnn")
+    with pytest.raises(KeyError, match="unknown op 'convolution'"):
+        resolve("convolution")
+
+
+def test_every_implementation_loads_where_usable():
+    for op in ("wan_vae", "attention"):
+        for name, impl in implementations(op).items():
+            if impl.unusable_reason(platform.PLATFORM) is None:
+                assert impl.load() is not None, f"{op}/{name}"
+
+
+def test_report_and_node(monkeypatch, NPU, fake_mindiesd):
+    text = backend_report(NPU)
+    assert "platform: npu" in text and "Ascend910B (fake)" in text
+    assert "wan_vae: auto -> torch_fused" in text
+    assert "triton: unusable - triton runs on cuda/cpu, this is npu" in text
+    assert "torch " + torch.__version__ in text and "diffusers" in text
+    out = OmniVideoBackendInfo.execute()
+    assert out.args[0] == backend_report() and out.args[0].startswith("platform: ")
