@@ -23,15 +23,11 @@ import torch
 import torch.nn as nn
 from diffusers.models.autoencoders import autoencoder_kl_wan as dwan
 
+from ..kernels.wan_vae_torch import memory_format_of
+
 CACHE_T = dwan.CACHE_T
 LEVELS = ("reference", "torch_fused", "triton")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _layouts(t: torch.Tensor) -> set[str]:
-    """The kernel layouts `t` is dense in (a 1-channel or 1x1 tensor is in both)."""
-    return {name for name, fmt in (("ncdhw", torch.contiguous_format), ("cl3d", torch.channels_last_3d))
-            if t.is_contiguous(memory_format=fmt)}
 
 
 def _device_ok(ops, device: torch.device) -> bool:
@@ -41,13 +37,14 @@ def _device_ok(ops, device: torch.device) -> bool:
 
 
 def _fusable(ops, x: torch.Tensor, *others: torch.Tensor) -> bool:
-    """The guard every fused call site checks first."""
+    """The guard every fused call site checks first: inference, same dtype/device, and one
+    memory format (as ATen reads it) across the operands, so outputs keep the reference's."""
     if ops is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    layouts = _layouts(x)
-    if not layouts or x.dtype not in _DTYPES or not _device_ok(ops, x.device):
+    if x.dtype not in _DTYPES or not _device_ok(ops, x.device):
         return False
-    return all(o.dtype == x.dtype and o.device == x.device and _layouts(o) & layouts for o in others)
+    fmt = memory_format_of(x)
+    return all(o.dtype == x.dtype and o.device == x.device and memory_format_of(o) == fmt for o in others)
 
 
 def _reference_cached_conv(conv, x, cache):
