@@ -85,16 +85,25 @@ def implementations(op: str) -> dict[str, Impl]:
     return dict(_OPS[op].impls)
 
 
-def resolve(op: str, requested: str = "auto", platform: Platform | None = None) -> Resolution:
-    """The implementation of `op` to run, with a one-line reason (logged once per answer)."""
+def resolve(op: str, requested: str = "auto", platform: Platform | None = None, *,
+            exact: bool | None = True) -> Resolution:
+    """The implementation of `op` to run, with a one-line reason (logged once per answer).
+
+    `exact` filters what "auto" may pick: True (default) only exact implementations, False
+    only approximate ones (e.g. block-sparse attention), None any. Named requests ignore it.
+    """
     platform = platform or PLATFORM
     impls = implementations(op)
     if requested == "auto":
+        kind = "approximate " if exact is False else ""
         for name in _OPS[op].auto_order:
+            if exact is not None and impls[name].exact != exact:
+                continue
             why_not = impls[name].unusable_reason(platform)
             if why_not is None:
-                return _logged_once(Resolution(impls[name], requested, f"auto: fastest usable on {platform.name}"))
-        raise RuntimeError(f"no usable implementation of {op} on {platform.name}")
+                return _logged_once(Resolution(impls[name], requested,
+                                               f"auto: fastest usable {kind}on {platform.name}"))
+        raise RuntimeError(f"no usable {kind}implementation of {op} on {platform.name}")
     if requested not in impls:
         raise ValueError(f"unknown {op} implementation {requested!r}; choose from auto, {', '.join(impls)}")
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from .attention import OmniVideoAttention, OmniVideoPatchModelAttention
 from .backend_info import OmniVideoBackendInfo
+from .h3 import NODES as H3_NODES
 from .wan_vae_decode import OmniVideoWanVAEDecode
 
 NODES = [
     OmniVideoBackendInfo,
     OmniVideoWanVAEDecode,
+    OmniVideoAttention,
+    OmniVideoPatchModelAttention,
+    *H3_NODES,
 ]

@@ -13,22 +13,9 @@ from omnivideo.nodes.backend_info import OmniVideoBackendInfo
 CPU = Platform("cpu", torch.device("cpu"), "test")
 
 
-def _register_npu_device_name():
-    """What importing the real torch_npu does first: name torch's extension backend 'npu'."""
-    if torch._C._get_privateuse1_backend_name() != "npu":
-        torch.utils.rename_privateuse1_backend("npu")
-
-
 @pytest.fixture
-def fake_npu(monkeypatch):
-    """A `torch_npu` that registers `torch.npu` with one available device, as the real one does."""
-    _register_npu_device_name()
-    npu = types.SimpleNamespace(is_available=lambda: True, get_device_name=lambda device=None: "Ascend910B (fake)")
-    module = types.ModuleType("torch_npu")
-    monkeypatch.setitem(sys.modules, "torch_npu", module)
-    monkeypatch.setattr(torch, "npu", npu, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    return npu
+def fake_npu(fake_torch_npu):
+    return fake_torch_npu
 
 
 @pytest.fixture

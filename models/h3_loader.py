@@ -1,0 +1,241 @@
+"""Load MiniMax-H3 (transformer, video VAE, audio VAE, scheduler configs) from local files only.
+
+Sources: a diffusers-format folder (`transformer/`, `vae/`, `audio_vae/`, `scheduler/`,
+`audio_scheduler/`), optionally with the transformer taken from a single-file
+checkpoint (ComfyUI / original keys, converted with diffusers'
+`convert_minimax_h3_transformer_checkpoint_to_diffusers`).
+
+We build each model on the meta device and assign the checkpoint tensors, instead of
+`from_pretrained`: these classes declare `_keep_in_fp32_modules`, which makes
+`from_pretrained` demand `accelerate`. The fp32 islands are applied here with
+diffusers' own rule (a listed name equal to a component of the parameter path).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
+from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
+from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoRotaryPosEmbed
+from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
+from safetensors.torch import load_file
+
+from ..pipelines.h3.geometry import H3Geometry
+
+log = logging.getLogger("omnivideo")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+CLASSES = {"transformer": MiniMaxH3Transformer3DModel, "vae": AutoencoderKLMiniMaxH3,
+           "audio_vae": AutoencoderKLMiniMaxH3Audio}
+ORIGINAL_KEY = "token_refiner.blocks.0.attn.qkv_proj.weight"  # diffusers' marker of an original H3 checkpoint
+COMFY_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
+
+
+class H3LoadError(ValueError):
+    pass
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise H3LoadError(f"{path} is missing.") from None
+    except json.JSONDecodeError as exc:
+        raise H3LoadError(f"{path} is not valid JSON ({exc}).") from None
+
+
+def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = True) -> Path:
+    """Raise a message naming what is wrong or missing in a diffusers-format H3 folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise H3LoadError(f"'{root}' is not a folder. Put the diffusers-format MiniMax-H3 folder "
+                          "(transformer/, vae/, audio_vae/, scheduler/, audio_scheduler/) under models/diffusers/.")
+    cfg = root / "transformer" / "config.json"
+    if cfg.is_file():
+        name = _read_json(cfg).get("_class_name")
+        if name != "MiniMaxH3Transformer3DModel":
+            raise H3LoadError(f"'{root}' holds a {name} transformer, not MiniMax-H3 (MiniMaxH3Transformer3DModel). "
+                              "Pick the MiniMax-H3 folder.")
+    elif need_transformer_weights:
+        hint = " (it has transformer_ref/ only: that is the ref2va partition, not supported here)" \
+            if (root / "transformer_ref").is_dir() else ""
+        raise H3LoadError(f"'{root}' has no transformer/config.json{hint}; this is not a diffusers-format "
+                          "MiniMax-H3 folder, or choose a single-file transformer from diffusion_models.")
+    missing = [sub for sub in ("vae", "audio_vae") if not (root / sub / "config.json").is_file()]
+    if need_transformer_weights and not _weight_files(root / "transformer"):
+        missing.append("transformer weights (*.safetensors)")
+    missing += [f"{sub} weights (*.safetensors)" for sub in ("vae", "audio_vae")
+                if (root / sub / "config.json").is_file() and not _weight_files(root / sub)]
+    if missing:
+        raise H3LoadError(f"'{root}' is missing: {', '.join(missing)}. Download the complete MiniMax-H3 "
+                          "diffusers folder (MiniMaxAI/MiniMax-H3) into models/diffusers/.")
+    return root
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    index = sorted(folder.glob("*.safetensors.index.json"))
+    if index:
+        names = sorted(set(_read_json(index[0])["weight_map"].values()))
+        absent = [n for n in names if not (folder / n).is_file()]
+        if absent:
+            raise H3LoadError(f"{folder} lists shards that are not there: {', '.join(absent[:3])}"
+                              f"{'…' if len(absent) > 3 else ''}. Finish the download.")
+        return [folder / n for n in names]
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    sd = {}
+    for f in files:
+        sd.update(load_file(str(f), device="cpu"))
+    return sd
+
+
+def _cast_with_islands(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    for name, param in model.named_parameters():
+        want = torch.float32 if any(k in name.split(".") for k in keep) else dtype
+        if param.dtype != want:
+            param.data = param.data.to(want)
+
+
+def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
+    """Non-persistent buffers are computed in __init__, so after a meta build they are empty: recompute them."""
+    for module in model.modules():
+        if isinstance(module, MiniMaxH3RotaryPosEmbed) and module.inv_freq.is_meta:
+            fresh = MiniMaxH3RotaryPosEmbed(module.rope_freq_dim, model.config.rope_theta)
+            module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
+        elif isinstance(module, MiniMaxH3VideoRotaryPosEmbed) and module.inv_freq.is_meta:
+            cfg = model.config
+            fresh = MiniMaxH3VideoRotaryPosEmbed(int(cfg.decoder_attention_head_dim * cfg.decoder_rope_dim_ratio),
+                                                 theta=cfg.decoder_rope_theta)
+            module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise H3LoadError(f"{type(model).__name__}: no values for {', '.join(left[:5])}; "
+                          "the checkpoint does not match this diffusers version.")
+
+
+def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
+    with torch.device("meta"):
+        model = cls.from_config(config)
+    expected = set(model.state_dict().keys())
+    missing = sorted(expected - state_dict.keys())
+    unexpected = sorted(state_dict.keys() - expected)
+    if missing or unexpected:
+        raise H3LoadError(
+            f"{source} does not fit {cls.__name__} with its config: "
+            f"{len(missing)} missing (e.g. {', '.join(missing[:3])}), {len(unexpected)} unexpected "
+            f"(e.g. {', '.join(unexpected[:3])}). Check that config.json belongs to these weights."
+        )
+    for key, value in state_dict.items():
+        if value.shape != model.state_dict()[key].shape:
+            raise H3LoadError(f"{source}: {key} has shape {tuple(value.shape)}, the config expects "
+                              f"{tuple(model.state_dict()[key].shape)}. Check config.json.")
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    _rebuild_computed_buffers(model)
+    _cast_with_islands(model, dtype)
+    return model.eval().requires_grad_(False)
+
+
+def load_component(root: Path, sub: str, dtype: torch.dtype):
+    config = _read_json(root / sub / "config.json")
+    files = _weight_files(root / sub)
+    if not files:
+        raise H3LoadError(f"{root / sub} has no *.safetensors weights.")
+    return build_model(CLASSES[sub], config, _read_state_dict(files), dtype, str(root / sub))
+
+
+def convert_single_file(path: str | os.PathLike, config: dict) -> dict[str, torch.Tensor]:
+    """A single-file H3 transformer (ComfyUI / original keys, or already diffusers keys) -> diffusers keys."""
+    sd = load_file(str(path), device="cpu")
+    for prefix in COMFY_PREFIXES:
+        if any(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+    if "adaln_t_table" in sd:
+        raise H3LoadError(
+            f"{path} is a pruned MiniMax-H3 checkpoint: it stores adaln_t_table {tuple(sd['adaln_t_table'].shape)} "
+            "instead of the time_embedder, which diffusers' MiniMaxH3Transformer3DModel cannot run. "
+            "Use the unpruned single file (Comfy-Org/MiniMax-H3) or the MiniMaxAI/MiniMax-H3 diffusers folder."
+        )
+    if ORIGINAL_KEY in sd:
+        sd = convert_minimax_h3_transformer_checkpoint_to_diffusers(sd, config)
+    elif "transformer_blocks.0.attn.to_q.weight" not in sd:
+        raise H3LoadError(f"{path} is not a MiniMax-H3 transformer (no {ORIGINAL_KEY} or diffusers block keys).")
+    return sd
+
+
+def _transformer_config(root: Path | None) -> dict:
+    """transformer/config.json of the folder when present, else the released model's (the class defaults)."""
+    defaults = {n: p.default for n, p in inspect.signature(MiniMaxH3Transformer3DModel.__init__).parameters.items()
+                if n != "self"}
+    if root is not None and (root / "transformer" / "config.json").is_file():
+        return {**defaults, **_read_json(root / "transformer" / "config.json")}
+    return defaults
+
+
+def geometry_of(transformer, vae, audio_vae) -> H3Geometry:
+    return H3Geometry(
+        spatial_ratio=int(vae.spatial_compression_ratio),
+        frames_per_chunk=int(vae.config.clip_length),
+        latents_per_chunk=int(vae.tokens_chunk_size),
+        latent_channels=int(vae.config.latent_channels),
+        audio_latent_channels=int(audio_vae.config.latent_channels),
+        audio_sample_rate=int(audio_vae.config.sampling_rate),
+        patch_size=tuple(int(p) for p in transformer.config.patch_size),
+    )
+
+
+def latent_norm_of(vae, audio_vae) -> dict:
+    if audio_vae.config.latents_mean is None or audio_vae.config.latents_std is None:
+        raise H3LoadError("audio_vae/config.json has no latents_mean / latents_std; the H3 audio VAE needs both.")
+    return {"video_mean": list(vae.config.latents_mean), "video_std": list(vae.config.latents_std),
+            "audio_mean": list(audio_vae.config.latents_mean), "audio_std": list(audio_vae.config.latents_std)}
+
+
+def scheduler_configs(root: Path) -> tuple[dict, dict]:
+    out = []
+    for sub, default in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
+        path = root / sub / "scheduler_config.json"
+        if path.is_file():
+            out.append(_read_json(path))
+        else:
+            log.info("omnivideo h3: %s missing, using shift %.1f", path, default)
+            out.append({"shift": default})
+    return out[0], out[1]
+
+
+def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "bfloat16",
+            transformer_file: str | os.PathLike | None = None, device: torch.device | None = None,
+            attention: dict | None = None):
+    """-> (OmniVideoModel family "h3", video VAE, audio VAE). Everything stays on CPU until a node runs it."""
+    from .handles import OmniVideoModel
+
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    root = check_folder(folder, need_transformer_weights=transformer_file is None)
+    if transformer_file is not None:
+        config = _transformer_config(root)
+        transformer = build_model(MiniMaxH3Transformer3DModel, config, convert_single_file(transformer_file, config),
+                                  dtype, str(transformer_file))
+    else:
+        transformer = load_component(root, "transformer", dtype)
+    vae = load_component(root, "vae", torch.float32 if dtype == torch.float32 else dtype)
+    audio_vae = load_component(root, "audio_vae", torch.float32)  # the audio VAE stays fp32
+    video_cfg, audio_cfg = scheduler_configs(root)
+    if device is None:
+        from ..backends import PLATFORM
+        device = PLATFORM.device
+    model = OmniVideoModel(
+        family="h3", transformer=transformer, dtype=dtype, device=device, attention=attention,
+        extras={"geometry": geometry_of(transformer, vae, audio_vae), "latent_norm": latent_norm_of(vae, audio_vae),
+                "scheduler_config": video_cfg, "audio_scheduler_config": audio_cfg, "source": str(root)},
+    )
+    return model, vae, audio_vae

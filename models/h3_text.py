@@ -1,0 +1,128 @@
+"""Qwen3-VL text encoding for MiniMax-H3, from local files only.
+
+The presentation is diffusers' (`MiniMaxH3TextEncoderStep` / `MiniMaxH3FL2VATextEncoderStep`):
+the prompt verbatim, no chat template, no special tokens; with keyframes, each is preceded
+by a "<Picture i>: " label and a vision block whose rows are tagged video. The encoder call
+itself is diffusers' public `get_qwen3vl_prompt_embeds` (hidden_states[layer], default 50).
+Embeddings can be saved to / loaded from .safetensors so the 32B encoder need not be loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
+from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
+from safetensors.torch import load_file, save_file
+
+DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
+EMBED_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
+
+
+@dataclass
+class H3TextEncoder:
+    model: torch.nn.Module  # Qwen3VLForConditionalGeneration
+    tokenizer: object
+    processor: object  # Qwen3VLProcessor
+    layer: int = DEFAULT_LAYER
+    source: str = ""
+
+
+def _parts(folder: Path) -> tuple[Path, Path, Path]:
+    """(model, tokenizer, processor) folders: a plain Qwen3-VL folder, or an H3 root with text_encoder/ etc."""
+    if (folder / "text_encoder" / "config.json").is_file():
+        tok = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder / "text_encoder"
+        proc = folder / "processor" if (folder / "processor").is_dir() else tok
+        return folder / "text_encoder", tok, proc
+    if (folder / "config.json").is_file():
+        return folder, folder, folder
+    raise FileNotFoundError(
+        f"'{folder}' holds no Qwen3-VL config.json (nor text_encoder/config.json). Put the Qwen3-VL text encoder "
+        "folder (config, *.safetensors, tokenizer and preprocessor files) under models/text_encoders/."
+    )
+
+
+def load_text_encoder(folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+                      layer: int = DEFAULT_LAYER) -> H3TextEncoder:
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+    folder = Path(folder)
+    model_dir, tok_dir, proc_dir = _parts(folder)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    if cfg.get("model_type") != "qwen3_vl":
+        raise ValueError(f"{model_dir / 'config.json'} is a {cfg.get('model_type')!r} model; H3 needs Qwen3-VL "
+                         "(model_type 'qwen3_vl').")
+    n_layers = cfg.get("text_config", {}).get("num_hidden_layers", 0)
+    if n_layers <= layer:
+        raise ValueError(f"hidden layer {layer} needs more than {layer} decoder layers; {model_dir} has {n_layers}. "
+                         "Lower the layer input or use the full Qwen3-VL-32B encoder (64 layers, layer 50).")
+    try:
+        model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        processor = Qwen3VLProcessor.from_pretrained(proc_dir, tokenizer=tokenizer, local_files_only=True)
+    except OSError as exc:
+        raise FileNotFoundError(f"Qwen3-VL files missing under {folder}: {exc}") from None
+    return H3TextEncoder(model.eval().requires_grad_(False), tokenizer, processor, layer, str(folder))
+
+
+def presentation(tokenizer, processor, prompt: str, keyframes: list) -> tuple[list[int], list[int], dict]:
+    """Token ids, H3 row tags and Qwen3-VL vision inputs for the prompt plus keyframes (PIL, already on canvas)."""
+    token_ids, tags, vision = [], [], {}
+    if keyframes:
+        feats = processor.image_processor(images=list(keyframes), return_tensors="pt")
+        vision = {"pixel_values": feats["pixel_values"], "image_grid_thw": feats["image_grid_thw"]}
+        merge = processor.image_processor.merge_size ** 2
+        start, pad, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>",
+                                                                        "<|vision_end|>"))
+        for i, grid in enumerate(feats["image_grid_thw"]):
+            label = tokenizer(f"<Picture {i + 1}>: ", add_special_tokens=False)["input_ids"]
+            block = [start] + [pad] * (int(grid.prod()) // merge) + [end]
+            token_ids += label + block
+            tags += [MINIMAX_H3_TEXT_TAG] * len(label) + [MINIMAX_H3_VIDEO_TAG] * len(block)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return token_ids + ids, tags + [MINIMAX_H3_TEXT_TAG] * len(ids), vision
+
+
+@torch.no_grad()
+def encode_prompt(te: H3TextEncoder, prompt: str, keyframes: list | tuple = (),
+                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (embeds [1, N, text_dim] in the encoder's dtype on CPU, tags [N] long)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("The H3 prompt must be a non-empty string.")
+    device = device or next(te.model.parameters()).device
+    token_ids, tags, vision = presentation(te.tokenizer, te.processor, prompt, list(keyframes))
+    te.model.to(device)
+    embeds = get_qwen3vl_prompt_embeds(te.model, te.processor, token_ids, vision, text_encoder_layer=te.layer,
+                                       device=device, dtype=te.model.dtype)
+    return embeds.cpu(), torch.tensor(tags, dtype=torch.long)
+
+
+def save_embeddings(path: str | os.PathLike, embeds: torch.Tensor, tags: torch.Tensor, **meta) -> str:
+    path = str(path)
+    if not path.endswith(".safetensors"):
+        path += ".safetensors"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file({EMBED_KEY: embeds.contiguous().cpu(), TAGS_KEY: tags.contiguous().cpu()}, path,
+              metadata={"omnivideo": "h3_text", **{k: str(v) for k, v in meta.items()}})
+    return path
+
+
+def load_embeddings(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+    sd = load_file(str(path))
+    if EMBED_KEY not in sd:
+        raise ValueError(f"{path} has no '{EMBED_KEY}' tensor; save H3 embeddings with OmniVideo H3 Text Encode.")
+    emb = sd[EMBED_KEY]
+    if emb.ndim == 2:
+        emb = emb[None]
+    if emb.ndim != 3 or emb.shape[0] != 1:
+        raise ValueError(f"{path}: '{EMBED_KEY}' must be [1, N, D], got {list(emb.shape)}.")
+    tags = sd.get(TAGS_KEY)
+    if tags is None:
+        tags = torch.full((emb.shape[1],), MINIMAX_H3_TEXT_TAG, dtype=torch.long)
+    if tags.numel() != emb.shape[1]:
+        raise ValueError(f"{path}: {tags.numel()} tags for {emb.shape[1]} embedding rows.")
+    return emb, tags.long()

@@ -1,0 +1,78 @@
+"""OmniVideo Attention (the selector) and OmniVideo Patch Model Attention (native ComfyUI models)."""
+
+from __future__ import annotations
+
+import logging
+
+from .. import compat
+from ..compat import io
+from ..pipelines.attention import BACKENDS, MAX_SPARSITY, AttentionConfig, validate
+from ..pipelines.attention_patch import NativeAttentionPatch
+
+log = logging.getLogger("omnivideo")
+
+AttentionType = io.Custom("OMNIVIDEO_ATTENTION")
+WRAPPER_KEY = "omnivideo_attention"
+
+
+class OmniVideoAttention(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoAttention",
+            display_name="OmniVideo Attention",
+            category="OmniVideo/attention",
+            description="Attention backend for OmniVideo loaders/samplers and for Patch Model Attention. "
+                        "rainfusion = RainFusion 2.0 block-sparse attention over the video rows.",
+            inputs=[
+                io.Combo.Input("backend", options=list(BACKENDS), default="auto",
+                               tooltip="auto: fastest exact backend on this machine; rainfusion: block-sparse"),
+                io.Float.Input("sparsity", default=0.8, min=0.0, max=MAX_SPARSITY, step=0.05,
+                               tooltip="fraction of key blocks skipped per query block (rainfusion only)"),
+                io.Int.Input("start_step", default=0, min=0, max=10000,
+                             tooltip="dense warm-up steps before sparse attention starts"),
+                io.String.Input("skip_layers", default="", tooltip='layers kept dense, e.g. "0-3,38"'),
+                io.Int.Input("block_size", default=128, min=16, max=512, step=16,
+                             tooltip="rows per block (128; Ascend NPU supports only 128)"),
+            ],
+            outputs=[AttentionType.Output(display_name="attention")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, backend, sparsity, start_step, skip_layers, block_size):
+        problem = validate(backend, sparsity, start_step, skip_layers, block_size)
+        return True if problem is None else problem
+
+    @classmethod
+    def execute(cls, backend, sparsity, start_step, skip_layers, block_size) -> io.NodeOutput:
+        return io.NodeOutput(AttentionConfig(backend=backend, sparsity=float(sparsity), start_step=int(start_step),
+                                             skip_layers=skip_layers, block_size=int(block_size)))
+
+
+class OmniVideoPatchModelAttention(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoPatchModelAttention",
+            display_name="OmniVideo Patch Model Attention",
+            category="OmniVideo/attention",
+            description="Route a native video MODEL's self-attention (Wan, Cosmos) through the OmniVideo attention "
+                        "backend. Cross-attention and unsupported calls keep ComfyUI's own attention.",
+            inputs=[io.Model.Input("model"), AttentionType.Input("attention")],
+            outputs=[io.Model.Output(display_name="model")],
+        )
+
+    @classmethod
+    def execute(cls, model, attention) -> io.NodeOutput:
+        if compat.HAS_COMFY and not compat.attention_override_supported():
+            log.warning("omnivideo: this ComfyUI has no optimized_attention_override hook; the model is unchanged")
+        patch = NativeAttentionPatch(attention)
+        patched = model.clone()
+        opts = patched.model_options.setdefault("transformer_options", {})
+        opts["optimized_attention_override"] = patch.override
+        patched.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)  # re-patching replaces
+        patched.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, patch.wrapper)
+        return io.NodeOutput(patched)
+
+
+__all__ = ["OmniVideoAttention", "OmniVideoPatchModelAttention"]

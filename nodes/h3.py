@@ -1,0 +1,248 @@
+"""MiniMax-H3 nodes: loader, Qwen3-VL text encoder loader + text encode, keyframes, decode.
+Sampling is the shared OmniVideo Sampler node (family "h3" -> pipelines.h3.sample)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import compat
+from ..backends import PLATFORM
+from ..compat import io
+from ..models.handles import OmniVideoConditioning
+from .sampler import ConditioningType, ModelType
+
+FAMILY = "h3"
+TextEncoderType = io.Custom("OMNIVIDEO_TEXT_ENCODER")
+AttentionType = io.Custom("OMNIVIDEO_ATTENTION")
+H3VaeType = io.Custom("OMNIVIDEO_H3_VAE")
+H3AudioVaeType = io.Custom("OMNIVIDEO_H3_AUDIO_VAE")
+KeyframesType = io.Custom("OMNIVIDEO_H3_KEYFRAMES")
+FROM_FOLDER = "(transformer/ of the folder)"
+DTYPE_NAMES = ["bfloat16", "float16", "float32"]
+
+
+def _model_folders(kind: str, marker: str) -> list[str]:
+    """Sub-folders (up to two levels) of a ComfyUI model folder that hold `marker` (e.g. transformer/config.json)."""
+    found = set()
+    for root in compat.model_folder_roots(kind):
+        if not os.path.isdir(root):
+            continue
+        for sub in sorted(os.listdir(root)):
+            for rel in [sub] + [f"{sub}/{s}" for s in (sorted(os.listdir(os.path.join(root, sub)))
+                                                       if os.path.isdir(os.path.join(root, sub)) else [])]:
+                if os.path.isfile(os.path.join(root, rel, marker)):
+                    found.add(rel)
+    return sorted(found)
+
+
+def _resolve_folder(kind: str, name: str) -> str:
+    for root in compat.model_folder_roots(kind):
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            return path
+    if os.path.isdir(name):
+        return name
+    raise FileNotFoundError(f"'{name}' is not a folder under ComfyUI's models/{kind}/. Put the folder there "
+                            "(or list its parent in extra_model_paths.yaml) and refresh.")
+
+
+def _check_family(obj, what: str) -> None:
+    if getattr(obj, "family", FAMILY) != FAMILY:
+        raise ValueError(f"this {what} is for {obj.family}; MiniMax-H3 nodes need H3 inputs.")
+
+
+class OmniVideoH3Loader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3Loader",
+            display_name="OmniVideo H3 Loader",
+            category="OmniVideo/H3",
+            description=(
+                "Loads MiniMax-H3 from a diffusers-format folder under models/diffusers (transformer/, vae/, "
+                "audio_vae/, scheduler/, audio_scheduler/). Optionally the transformer comes from a single file in "
+                "models/diffusion_models (ComfyUI / original keys, converted with diffusers' converter). Local files "
+                "only. The fp32 islands diffusers keeps (patch projections, time MLP, output heads, RoPE) stay fp32; "
+                "the audio VAE is always fp32."
+            ),
+            inputs=[
+                io.Combo.Input("folder", options=_model_folders("diffusers", "vae/config.json")),
+                io.Combo.Input("transformer_file", options=[FROM_FOLDER] + [
+                    f for f in compat.model_file_list("diffusion_models") if f.endswith(".safetensors")],
+                    default=FROM_FOLDER),
+                io.Combo.Input("dtype", options=DTYPE_NAMES, default="bfloat16"),
+                AttentionType.Input("attention", optional=True, tooltip="From OmniVideo Attention; unconnected = sdpa."),
+            ],
+            outputs=[ModelType.Output(display_name="model"), H3VaeType.Output(display_name="vae"),
+                     H3AudioVaeType.Output(display_name="audio_vae")],
+        )
+
+    @classmethod
+    def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="bfloat16", attention=None) -> io.NodeOutput:
+        from ..models.h3_loader import load_h3
+
+        single = None if transformer_file in (None, "", FROM_FOLDER) else \
+            compat.model_file_path("diffusion_models", transformer_file)
+        model, vae, audio_vae = load_h3(_resolve_folder("diffusers", folder), dtype, transformer_file=single,
+                                        device=PLATFORM.device, attention=attention)
+        return io.NodeOutput(model, vae, audio_vae)
+
+
+class OmniVideoH3TextEncoderLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3TextEncoderLoader",
+            display_name="OmniVideo H3 Text Encoder Loader",
+            category="OmniVideo/H3",
+            description=("Loads Qwen3-VL (H3's text encoder) from a Hugging Face folder under models/text_encoders, "
+                         "local files only. H3 conditions on hidden_states[layer] (50 for the released model)."),
+            inputs=[
+                io.Combo.Input("folder", options=_model_folders("text_encoders", "config.json")),
+                io.Combo.Input("dtype", options=DTYPE_NAMES, default="bfloat16"),
+                io.Int.Input("layer", default=50, min=1, max=512, tooltip="hidden_states index H3 reads."),
+            ],
+            outputs=[TextEncoderType.Output(display_name="text_encoder")],
+        )
+
+    @classmethod
+    def execute(cls, folder, dtype="bfloat16", layer=50) -> io.NodeOutput:
+        from ..models.h3_loader import DTYPES
+        from ..models.h3_text import load_text_encoder
+
+        return io.NodeOutput(load_text_encoder(_resolve_folder("text_encoders", folder), DTYPES[dtype], int(layer)))
+
+
+class OmniVideoH3Keyframes(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3Keyframes",
+            display_name="OmniVideo H3 Keyframes",
+            category="OmniVideo/H3",
+            description=("First and/or last frame for fl2va (image-to-video is a first frame alone). The first image "
+                         "is stretched onto width x height, a last image cover-cropped, each encoded as one frame with "
+                         "the H3 video VAE. Connect to H3 Text Encode (the keyframes are also shown to Qwen3-VL); "
+                         "use the same width/height on the sampler."),
+            inputs=[
+                H3VaeType.Input("vae"),
+                io.Int.Input("width", default=1344, min=32, max=8192, step=32),
+                io.Int.Input("height", default=768, min=32, max=8192, step=32),
+                io.Image.Input("first_image", optional=True),
+                io.Image.Input("last_image", optional=True),
+            ],
+            outputs=[KeyframesType.Output(display_name="keyframes")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, width=1344, height=768, **_):
+        if width % 32 or height % 32:
+            return f"width and height must be multiples of 32, got {width}x{height}"
+        return True
+
+    @classmethod
+    def execute(cls, vae, width=1344, height=768, first_image=None, last_image=None) -> io.NodeOutput:
+        from ..pipelines.h3.keyframes import encode_keyframes, image_to_pil
+
+        first = image_to_pil(first_image) if first_image is not None else None
+        last = image_to_pil(last_image) if last_image is not None else None
+        vae.to(PLATFORM.device)
+        try:
+            keyframes = encode_keyframes(vae, first, last, int(width), int(height), PLATFORM.device)
+        finally:
+            vae.to("cpu")
+            compat.free_memory()
+        return io.NodeOutput(keyframes)
+
+
+class OmniVideoH3TextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3TextEncode",
+            display_name="OmniVideo H3 Text Encode",
+            category="OmniVideo/H3",
+            description=(
+                "Encodes the prompt verbatim with Qwen3-VL (no chat template, no special tokens); with keyframes, "
+                "each gets a '<Picture i>: ' label and a vision block, as diffusers' pipeline does. Or loads a "
+                "precomputed embedding (.safetensors, prompt_embeds + text_token_tags) instead of running the "
+                "encoder; save_as writes one. The keyframes ride along in the conditioning to the sampler."
+            ),
+            inputs=[
+                io.String.Input("prompt", multiline=True, default=""),
+                TextEncoderType.Input("text_encoder", optional=True),
+                KeyframesType.Input("keyframes", optional=True),
+                io.String.Input("embedding_file", default="", optional=True,
+                                tooltip="Path of a saved H3 embedding to use instead of the encoder."),
+                io.String.Input("save_as", default="", optional=True,
+                                tooltip="Path to save the embedding to (.safetensors); empty = do not save."),
+            ],
+            outputs=[ConditioningType.Output(display_name="conditioning")],
+        )
+
+    @classmethod
+    def execute(cls, prompt, text_encoder=None, keyframes=None, embedding_file="", save_as="") -> io.NodeOutput:
+        from ..models.h3_text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings
+
+        if embedding_file:
+            embeds, tags = load_embeddings(embedding_file)
+        else:
+            if not isinstance(text_encoder, H3TextEncoder):
+                raise ValueError("OmniVideo H3 Text Encode needs a text_encoder from OmniVideo H3 Text Encoder Loader "
+                                 "(or an embedding_file).")
+            images = keyframes["images"] if keyframes else []
+            try:
+                embeds, tags = encode_prompt(text_encoder, prompt, images, device=PLATFORM.device)
+            finally:
+                text_encoder.model.to("cpu")  # the 32B encoder must not stay beside the transformer
+                compat.free_memory()
+        n_vision = int((tags == 0).sum())
+        if keyframes and n_vision == 0:
+            raise ValueError(f"{embedding_file or 'the embedding'} was made without keyframes; re-encode the prompt "
+                             "with the keyframes connected.")
+        if save_as:
+            save_embeddings(save_as, embeds, tags, keyframes=len(keyframes["anchors"]) if keyframes else 0)
+        extras = {"text_token_tags": tags}
+        if keyframes:
+            extras["h3_keyframes"] = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")}
+        return io.NodeOutput(OmniVideoConditioning(FAMILY, embeds, extras))
+
+
+class OmniVideoH3Decode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3Decode",
+            display_name="OmniVideo H3 Decode",
+            category="OmniVideo/H3",
+            description=("Decodes an H3 LATENT: video with the H3 video VAE (tiled, as diffusers by default) to IMAGE "
+                         "frames at 24 fps, audio with the fp32 audio VAE to AUDIO (stereo, 32 kHz). Connect both to "
+                         "core CreateVideo (fps 24) and SaveVideo."),
+            inputs=[H3VaeType.Input("vae"), H3AudioVaeType.Input("audio_vae"), io.Latent.Input("samples")],
+            outputs=[io.Image.Output(display_name="images"), io.Audio.Output(display_name="audio")],
+        )
+
+    @classmethod
+    def execute(cls, vae, audio_vae, samples) -> io.NodeOutput:
+        from ..pipelines.h3 import AUDIO_KEY
+        from ..pipelines.h3.decode import decode_audio, decode_video
+
+        if AUDIO_KEY not in samples:
+            raise ValueError("this LATENT has no H3 audio latents; it must come from the OmniVideo Sampler in H3 mode.")
+        out = compat.intermediate_device(torch.device("cpu"))
+        try:
+            frames = decode_video(vae, samples["samples"], PLATFORM.device).to(out)
+            compat.check_interrupt()
+            wave = decode_audio(audio_vae, samples[AUDIO_KEY], PLATFORM.device).to(out)
+        finally:
+            vae.to("cpu")
+            audio_vae.to("cpu")
+            compat.free_memory()
+        rate = int(samples.get("h3_sample_rate", audio_vae.config.sampling_rate))
+        return io.NodeOutput(frames, {"waveform": wave, "sample_rate": rate})
+
+
+NODES = [OmniVideoH3Loader, OmniVideoH3TextEncoderLoader, OmniVideoH3Keyframes, OmniVideoH3TextEncode,
+         OmniVideoH3Decode]

@@ -1,0 +1,111 @@
+"""The packed sequence `[text | keyframe rows | audio | video]` and its per-step timestep plan.
+
+Positions, tags and row indices come from diffusers' own public builders
+(`MiniMaxH3PrepareLayoutStep.build_packed_sequence`,
+`MiniMaxH3SetTimestepsStep.build_row_timesteps`), so the layout is the reference's by
+construction. What is ours: the attention metadata (video start, patch grid, text
+length) and the optional `[real | pad]` padding for packed varlen backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+    MiniMaxH3PrepareLayoutStep,
+    MiniMaxH3SetTimestepsStep,
+    patchify_video_latents,
+)
+from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+    MINIMAX_H3_AUDIO_TAG,
+    MINIMAX_H3_TEXT_TAG,
+    MINIMAX_H3_VIDEO_TAG,
+)
+
+from .geometry import AUDIO_CHANNELS, H3Geometry, H3Shape
+
+KEYFRAME_T = 0.999  # MiniMaxH3ModularPipeline.keyframe_noise_aug: anchors are held just short of clean
+PAD_MULTIPLE = 128  # packed varlen backends see S rounded up to this (the [real | pad] contract)
+
+__all__ = ["H3Layout", "build_layout", "patchify_video_latents", "unpatchify_video", "unpack_audio", "KEYFRAME_T"]
+
+
+@dataclass
+class H3Layout:
+    shape: H3Shape
+    position_ids: torch.Tensor  # [S_total, 3]
+    token_tags: torch.Tensor  # [S_total]
+    video_indices: torch.Tensor  # keyframe rows first, then the target video
+    audio_indices: torch.Tensor
+    text_indices: torch.Tensor
+    num_condition_video_rows: int
+    num_text: int
+    video_start: int  # first row of the target video = the dense prefix length for sparse attention
+    grid: tuple[int, int, int]  # target video patch grid (t, h, w)
+    real_len: int  # rows holding data
+    total_len: int  # rows including the padding suffix (== real_len when unpadded)
+
+    def forward_kwargs(self) -> dict:
+        return {
+            "position_ids": self.position_ids,
+            "token_tags": self.token_tags,
+            "video_indices": self.video_indices,
+            "audio_indices": self.audio_indices,
+            "text_indices": self.text_indices,
+        }
+
+    def row_timesteps(self, video_t: float, audio_t: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distinct timesteps, per-row index) for one step; keyframe rows sit at max(t, 0.999)."""
+        unique, index = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+            self.video_indices.cpu(), self.audio_indices.cpu(), self.num_condition_video_rows, 0, self.num_text,
+            float(video_t), float(audio_t), max(float(video_t), KEYFRAME_T), 1.0,
+        )
+        if self.total_len > self.real_len:  # padding rows reuse entry 0; their outputs are never read
+            index = torch.cat([index, index.new_zeros(self.total_len - self.real_len)])
+        return unique, index
+
+    def to(self, device) -> "H3Layout":
+        for name in ("position_ids", "token_tags", "video_indices", "audio_indices", "text_indices"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+
+def build_layout(text_token_tags: torch.Tensor, shape: H3Shape, geo: H3Geometry,
+                 keyframe_anchors: tuple[str, ...] = (), pad_to: int | None = None) -> H3Layout:
+    position_ids, token_tags, video_idx, audio_idx, text_idx, n_cond, _ = (
+        MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+            text_token_tags.cpu(), shape.num_latent_frames, shape.latent_height, shape.latent_width,
+            shape.num_audio_latents, tuple(geo.patch_size), AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG,
+            MINIMAX_H3_VIDEO_TAG, tuple(keyframe_anchors),
+        )
+    )
+    _, ph, pw = geo.patch_size
+    num_text = int(text_idx.numel())
+    real_len = int(position_ids.shape[0])
+    grid = (shape.num_latent_frames // geo.patch_size[0], shape.latent_height // ph, shape.latent_width // pw)
+    video_start = real_len - grid[0] * grid[1] * grid[2]
+    total_len = real_len
+    if pad_to:
+        total_len = -(-real_len // pad_to) * pad_to
+        pad = total_len - real_len
+        if pad:  # pad rows: position 0, tagged text; never indexed by any modality
+            position_ids = torch.cat([position_ids, position_ids.new_zeros(pad, 3)])
+            token_tags = torch.cat([token_tags, token_tags.new_full((pad,), MINIMAX_H3_TEXT_TAG)])
+    return H3Layout(shape, position_ids, token_tags, video_idx, audio_idx, text_idx, int(n_cond), num_text,
+                    video_start, grid, real_len, total_len)
+
+
+def unpatchify_video(rows: torch.Tensor, shape: H3Shape, geo: H3Geometry) -> torch.Tensor:
+    """Target video rows [N, C*pt*ph*pw] -> [1, C, T, H, W] (inverse of `patchify_video_latents`)."""
+    pt, ph, pw = geo.patch_size
+    c = geo.latent_channels
+    x = rows.reshape(-1, shape.num_latent_frames // pt, shape.latent_height // ph, shape.latent_width // pw,
+                     c, pt, ph, pw)
+    x = x.permute(0, 4, 1, 5, 2, 6, 3, 7)
+    return x.reshape(-1, c, shape.num_latent_frames, shape.latent_height, shape.latent_width).contiguous()
+
+
+def unpack_audio(rows: torch.Tensor, shape: H3Shape) -> torch.Tensor:
+    """Channel-major audio rows [2*N, C] -> [2, C, N]: the stereo channels become the mono VAE's batch."""
+    return rows.reshape(AUDIO_CHANNELS, shape.num_audio_latents, rows.shape[-1]).permute(0, 2, 1).contiguous()

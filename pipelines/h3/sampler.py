@@ -1,0 +1,146 @@
+"""MiniMax-H3 sampling: t2va and fl2va over one packed sequence, two schedules, fp32 Euler.
+
+Mirrors diffusers' modular `minimax_h3` denoise (checked to 1e-5 by tests/test_h3_parity.py):
+keyframe noise first, then video noise, then audio noise, all from one CPU generator;
+keyframe rows held at t = max(t, 0.999) and never written; one forward per step
+(guidance-distilled). `steps` counts sigma grid points, so 50 steps = 49 forwards.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from diffusers import MiniMaxH3Scheduler
+from diffusers.utils.torch_utils import randn_tensor
+
+from ... import compat
+from ...models.h3_attention import h3_attention, normalize_config, uses_packing
+from ...models.handles import OmniVideoConditioning, OmniVideoModel
+from .geometry import AUDIO_CHANNELS, FPS, H3Geometry, resolve_shape
+from .layout import KEYFRAME_T, PAD_MULTIPLE, build_layout, patchify_video_latents, unpack_audio, unpatchify_video
+
+log = logging.getLogger("omnivideo")
+
+# LATENT keys (besides ComfyUI's "samples"): see `latent_dict`.
+AUDIO_KEY = "h3_audio_samples"
+DEFAULT_STEPS = 50  # sigma points incl. the terminal 0 -> 49 forwards; turbo LoRAs use 4-8
+
+
+def _progress_hook(progress, total: int):
+    """`progress`: None or a bar class (e.g. compat.ProgressBar, called with the total), a bar object with
+    update(n), or a callable(done, total)."""
+    if progress is None or isinstance(progress, type):
+        bar = (progress or compat.ProgressBar)(total)
+        return lambda done: bar.update(1)
+    if hasattr(progress, "update"):
+        return lambda done: progress.update(1)
+    return lambda done: progress(done, total)
+
+
+def _schedulers(model: OmniVideoModel) -> tuple[MiniMaxH3Scheduler, MiniMaxH3Scheduler]:
+    video = MiniMaxH3Scheduler.from_config(model.extras.get("scheduler_config") or {"shift": 12.0})
+    audio = MiniMaxH3Scheduler.from_config(model.extras.get("audio_scheduler_config") or {"shift": 3.0})
+    return video, audio
+
+
+def latent_dict(video: torch.Tensor, audio: torch.Tensor, num_frames: int, sample_rate: int) -> dict:
+    """ComfyUI LATENT for H3. Both tensors in the VAEs' raw (denormalised) latent space.
+
+    samples            [1, 24, T, H/16, W/16] video latents
+    h3_audio_samples   [2, 32, N] audio latents, the stereo channels as the mono audio VAE's batch
+    h3_frames / h3_fps / h3_sample_rate  what the decode needs to cut and label the outputs
+    """
+    return {"samples": video, AUDIO_KEY: audio, "type": "minimax_h3", "h3_frames": num_frames, "h3_fps": FPS,
+            "h3_sample_rate": sample_rate}
+
+
+def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: int, frames: int, steps: int,
+           width: int, height: int, progress=None) -> dict:
+    if model.family != "h3" or conditioning.family != "h3":
+        raise ValueError(f"H3 sampler got a {model.family} model and {conditioning.family} conditioning.")
+    steps = int(steps) or DEFAULT_STEPS
+    if steps < 2:
+        raise ValueError(f"steps={steps}: H3 needs at least 2 (the schedule includes its terminal 0; 2 = 1 forward).")
+    geo: H3Geometry = model.extras["geometry"]
+    keyframes = conditioning.extras.get("h3_keyframes")
+    tags = conditioning.extras.get("text_token_tags")
+    if tags is None:
+        tags = torch.ones(conditioning.text.shape[1], dtype=torch.long)
+    if tags.numel() != conditioning.text.shape[1]:
+        raise ValueError(f"text_token_tags has {tags.numel()} rows but the embedding {conditioning.text.shape[1]}.")
+    anchors: tuple[str, ...] = ()
+    if keyframes:
+        anchors = tuple(keyframes["anchors"])
+        if (keyframes["width"], keyframes["height"]) != (width, height):
+            raise ValueError(
+                f"The keyframes were encoded for {keyframes['width']}x{keyframes['height']} but the sampler asks for "
+                f"{width}x{height}; set the same width and height on OmniVideo H3 Keyframes and the sampler."
+            )
+    shape = resolve_shape(frames, width, height, geo)
+    config = normalize_config(model.attention)
+    pad_to = PAD_MULTIPLE if uses_packing(config) else None
+    device = model.device
+    layout = build_layout(tags, shape, geo, anchors, pad_to=pad_to).to(device)
+
+    video_sched, audio_sched = _schedulers(model)
+    video_sched.set_timesteps(steps)
+    audio_sched.set_timesteps(steps)
+
+    # Draw order is part of what the seed reproduces: keyframe noise, video noise, audio noise.
+    generator = torch.Generator("cpu").manual_seed(int(seed))
+    rows = []
+    for lat in (keyframes or {}).get("latents", []):
+        noise = randn_tensor(lat.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
+        rows.append(patchify_video_latents(video_sched.scale_noise(lat.float(), KEYFRAME_T, noise), geo.patch_size))
+    video_noise = randn_tensor((1, geo.latent_channels, shape.num_latent_frames, shape.latent_height,
+                                shape.latent_width), generator=generator, device=torch.device("cpu"),
+                               dtype=torch.float32)
+    rows.append(patchify_video_latents(video_noise, geo.patch_size))
+    latents = torch.cat(rows).to(device)
+    audio = randn_tensor((shape.num_audio_latents * AUDIO_CHANNELS, geo.audio_latent_channels), generator=generator,
+                         device=torch.device("cpu"), dtype=torch.float32).to(device)
+    n_cond = layout.num_condition_video_rows
+    if latents.shape[0] - n_cond != layout.grid[0] * layout.grid[1] * layout.grid[2]:
+        raise ValueError("keyframe latents do not match the canvas; re-run OmniVideo H3 Keyframes at this size.")
+
+    transformer = model.transformer
+    transformer.to(device)
+    text = conditioning.text.to(device)
+    tick = _progress_hook(progress, len(video_sched.timesteps))
+    forward_kwargs = layout.forward_kwargs()
+    try:
+        with torch.no_grad(), h3_attention(transformer, config) as attn_state:
+            attn_state.expected = layout
+            for i, (t, ta) in enumerate(zip(video_sched.timesteps, audio_sched.timesteps)):
+                compat.check_interrupt()
+                attn_state.step = i
+                unique_t, t_index = layout.row_timesteps(float(t), float(ta))
+                v_pred, a_pred = transformer(
+                    hidden_states=latents[None], audio_hidden_states=audio[None], encoder_hidden_states=text,
+                    timestep=unique_t.to(device), timestep_indices=t_index.to(device), return_dict=False,
+                    **forward_kwargs,
+                )
+                latents[n_cond:] = video_sched.step(v_pred[0, n_cond:].float(), t, latents[n_cond:],
+                                                    return_dict=False)[0]
+                audio = audio_sched.step(a_pred[0].float(), audio_sched.timesteps[i], audio, return_dict=False)[0]
+                del v_pred, a_pred
+                tick(i + 1)
+        video_lat = unpatchify_video(latents[n_cond:], shape, geo)
+        audio_lat = unpack_audio(audio, shape)
+        video_lat, audio_lat = denormalize(model, video_lat, audio_lat)
+        out_device = compat.intermediate_device(torch.device("cpu"))
+        return latent_dict(video_lat.to(out_device), audio_lat.to(out_device), shape.num_frames, geo.audio_sample_rate)
+    finally:
+        del latents, audio, text
+        compat.free_memory()
+
+
+def denormalize(model: OmniVideoModel, video: torch.Tensor, audio: torch.Tensor):
+    """Normalised model space -> the VAEs' raw latent space (per-channel mean/std from the VAE configs)."""
+    norm = model.extras["latent_norm"]
+    vm = torch.tensor(norm["video_mean"], device=video.device).view(1, -1, 1, 1, 1)
+    vs = torch.tensor(norm["video_std"], device=video.device).view(1, -1, 1, 1, 1)
+    am = torch.tensor(norm["audio_mean"], device=audio.device).view(1, -1, 1)
+    ast = torch.tensor(norm["audio_std"], device=audio.device).view(1, -1, 1)
+    return video * vs + vm, audio * ast + am

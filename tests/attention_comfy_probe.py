@@ -1,0 +1,70 @@
+"""Run by tests/test_attention_nodes.py in ComfyUI's interpreter (COMFYUI_PYTHON): sample a tiny native
+ComfyUI Wan 2.1 model with and without OmniVideo Patch Model Attention and print the differences as JSON.
+
+ComfyUI infers the Wan dims from the checkpoint shapes (load_diffusion_model_state_dict), exactly as
+for a real file. Not a test module itself (no test_ prefix).
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.environ["COMFYUI_PATH"])
+from comfy.cli_args import args  # noqa: E402
+
+args.cpu = not torch.cuda.is_available()
+
+import comfy.ldm.wan.model as wan  # noqa: E402
+import comfy.ops  # noqa: E402
+import comfy.sample  # noqa: E402
+import comfy.sd  # noqa: E402
+
+from omnivideo.nodes.attention import OmniVideoPatchModelAttention  # noqa: E402
+from omnivideo.pipelines.attention import AttentionConfig  # noqa: E402
+
+
+def tiny_wan_state_dict():
+    torch.manual_seed(0)
+    net = wan.WanModel(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256, freq_dim=256,
+                       text_dim=4096, out_dim=16, num_heads=1, num_layers=2, operations=comfy.ops.disable_weight_init)
+    sd = {}
+    for name, t in net.state_dict().items():  # comfy ops skip init: fill every tensor
+        sd[name] = (torch.randn(t.shape) * (0.02 if t.dim() > 1 else 0.1)).to(torch.float32)
+    return sd
+
+
+def sample(model, latent, positive, negative, steps=2):
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(1))
+    return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", positive, negative, latent, seed=1)
+
+
+def main():
+    base = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict())
+    g = torch.Generator().manual_seed(2)
+    cond = [[torch.randn(1, 16, 4096, generator=g) * 0.1, {}]]
+    latent = torch.zeros(1, 16, 2, 96, 96)  # patch grid (2, 48, 48): 4608 rows = 36 blocks of 128
+    plain = sample(base, latent, cond, cond)
+    out = {"grid": [2, 48, 48]}
+    runs = {"0.0": AttentionConfig("rainfusion", sparsity=0.0), "0.8": AttentionConfig("rainfusion", sparsity=0.8),
+            "gated": AttentionConfig("rainfusion", sparsity=0.8, start_step=1, skip_layers="1")}
+    for key, config in runs.items():
+        patched = OmniVideoPatchModelAttention.execute(base, config).args[0]
+        got = sample(patched, latent, cond, cond)
+        stats = patched.model_options["transformer_options"]["optimized_attention_override"].__self__.stats
+        out[key] = {
+            "max_abs_diff": float((got - plain).abs().max()),
+            "ref_scale": float(plain.abs().max()),
+            "sparse_calls": stats.sparse_calls,
+            "dense_calls": dict(stats.dense_calls),
+            "impls": dict(stats.impls),
+            "realized": stats.realized_sparsity,
+        }
+    # the base model is untouched by patching (clone)
+    out["base_untouched"] = "optimized_attention_override" not in base.model_options.get("transformer_options", {})
+    print("PROBE_RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""A real ComfyUI server for the integration tests (skipped unless COMFYUI_PATH is set).
+
+COMFYUI_PATH    a ComfyUI checkout (the folder holding main.py)
+COMFYUI_PYTHON  the interpreter that runs it (default: the one running pytest); it needs ComfyUI's
+                requirements and this pack's dependencies (pip install -e <this repo>)
+
+One server per session, on 127.0.0.1 and a free port, started with --cpu and an
+--extra-model-paths-config whose custom_nodes entry is a temp folder holding a link to this repository
+(so ComfyUI loads the working tree as a custom node pack) plus a tiny probe pack used by the tests.
+Models, input, output, temp and user folders all live in the temp folder; nothing is written to the
+ComfyUI checkout. The server is always terminated at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACK_FOLDER = "omnivideo"  # the name `comfy node install omnivideo` would give the folder
+READY_TIMEOUT_S = 90
+VAE_FILE = "wan_2.1_vae.safetensors"
+
+# Filled by the tests, printed at the end of the run (pytest_terminal_summary).
+REPORT: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORT:
+        terminalreporter.section("OmniVideo / ComfyUI integration")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A full-size random-weight Wan 2.1 VAE in the original Wan / ComfyUI key layout
+
+_RES_LEAVES = [("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."), ("norm2.gamma", "residual.3.gamma"),
+               ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")]
+
+
+def _res_leaf(leaf: str) -> str:
+    for new, old in _RES_LEAVES:
+        if leaf.startswith(new):
+            return old + leaf[len(new):]
+    raise KeyError(f"unknown resnet parameter {leaf!r}")
+
+
+def diffusers_to_wan21_key(key: str, num_res_blocks: int = 2) -> str:
+    """diffusers AutoencoderKLWan (2.1 layout) name -> the name in the released wan_2.1_vae.safetensors.
+
+    The inverse of diffusers.loaders.single_file_utils.convert_wan_vae_to_diffusers (checked by a round trip
+    in `write_random_wan21_vae`). models/wan_vae_convert.py only maps the other way."""
+    k = key
+    for pat, rep in [(r"^quant_conv\.", "conv1."), (r"^post_quant_conv\.", "conv2."),
+                     (r"^(encoder|decoder)\.conv_in\.", r"\1.conv1."), (r"^(encoder|decoder)\.norm_out\.", r"\1.head.0."),
+                     (r"^(encoder|decoder)\.conv_out\.", r"\1.head.2."),
+                     (r"^(encoder|decoder)\.mid_block\.attentions\.0\.", r"\1.middle.1.")]:
+        k = re.sub(pat, rep, k)
+    if m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d+)\.(.+)$", k):
+        return f"{m[1]}.middle.{2 * int(m[2])}.{_res_leaf(m[3])}"
+    if m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.+)$", k):  # 2.1: already flat, same indices
+        leaf = m[2] if m[2].startswith(("resample.", "time_conv.")) else _res_leaf(m[2])
+        return f"encoder.downsamples.{m[1]}.{leaf}"
+    if m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.+)$", k):
+        per_level = num_res_blocks + 2  # (num_res_blocks + 1) resblocks, then one resample
+        block, rest = int(m[1]), m[2]
+        if r := re.match(r"^resnets\.(\d+)\.(.+)$", rest):
+            return f"decoder.upsamples.{block * per_level + int(r[1])}.{_res_leaf(r[2])}"
+        if r := re.match(r"^upsamplers\.0\.(.+)$", rest):
+            return f"decoder.upsamples.{block * per_level + per_level - 1}.{r[1]}"
+        raise KeyError(f"unknown up-block parameter {key!r}")
+    return k
+
+
+def write_random_wan21_vae(path: Path, seed: int = 0) -> dict:
+    """AutoencoderKLWan() (diffusers defaults = the Wan 2.1 config, ~127M parameters, random init), saved in
+    bf16 (~250 MB) under the original Wan key names, as ComfyUI's VAELoader expects."""
+    import torch
+    from diffusers import AutoencoderKLWan
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    sd = AutoencoderKLWan().state_dict()
+    original = {}
+    for key, value in sd.items():
+        new = diffusers_to_wan21_key(key)
+        assert new not in original, f"two tensors map to {new}"
+        original[new] = value.to(torch.bfloat16).contiguous()
+    back = convert_wan_vae_to_diffusers(original)  # round trip through diffusers' own converter
+    assert set(back) == set(sd), f"inverse mapping is wrong: {sorted(set(back) ^ set(sd))[:10]}"
+    assert all(back[k].shape == sd[k].shape for k in sd)
+    assert "decoder.middle.0.residual.0.gamma" in original  # the key ComfyUI uses to recognise a Wan VAE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(original, str(path))
+    return {"tensors": len(original), "params": sum(v.numel() for v in original.values()),
+            "bytes": path.stat().st_size}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A tiny probe pack: saves an IMAGE tensor losslessly so two decoders can be compared exactly
+
+PROBE_PACK = textwrap.dedent('''
+    import os
+
+    import folder_paths
+    from safetensors.torch import save_file
+
+
+    class OmniVideoTestSaveTensor:
+        """Test-only: writes IMAGE as float32 safetensors into the output folder."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"images": ("IMAGE",), "name": ("STRING", {"default": "probe"})}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "save"
+        OUTPUT_NODE = True
+        CATEGORY = "_for_testing"
+
+        def save(self, images, name):
+            path = os.path.join(folder_paths.get_output_directory(), name + ".safetensors")
+            save_file({"images": images.detach().float().cpu().contiguous()}, path)
+            return {"ui": {"probe": [{"path": path, "shape": list(images.shape), "dtype": str(images.dtype)}]}}
+
+
+    NODE_CLASS_MAPPINGS = {"OmniVideoTestSaveTensor": OmniVideoTestSaveTensor}
+''')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The server
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ComfyServer:
+    url: str
+    root: Path
+    proc: subprocess.Popen
+    log_path: Path
+    python: str
+    comfy_path: Path
+    output_dir: Path = field(init=False)
+    input_dir: Path = field(init=False)
+    vae_info: dict | None = None
+    vae_error: str | None = None
+    client_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self):
+        self.output_dir = self.root / "output"
+        self.input_dir = self.root / "input"
+
+    # -- http
+    def request(self, path: str, payload=None, timeout: float = 30):
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(self.url + path, data=data,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def get_json(self, path: str, timeout: float = 30):
+        status, body = self.request(path, timeout=timeout)
+        assert status == 200, f"GET {path}: HTTP {status}: {body[:500]!r}"
+        return json.loads(body)
+
+    def post_prompt(self, graph: dict):
+        """POST /prompt; returns (status, response json)."""
+        status, body = self.request("/prompt", {"prompt": graph, "client_id": self.client_id})
+        return status, json.loads(body or b"{}")
+
+    def queue(self, graph: dict) -> str:
+        status, resp = self.post_prompt(graph)
+        assert status == 200 and "prompt_id" in resp, \
+            f"ComfyUI refused the prompt (HTTP {status}): {json.dumps(resp, indent=1)[:3000]}"
+        return resp["prompt_id"]
+
+    def wait(self, prompt_id: str, timeout: float) -> dict:
+        """Poll /history/<id> until the prompt finished (success or error), or fail after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_alive()
+            hist = self.get_json(f"/history/{prompt_id}")
+            entry = hist.get(prompt_id)
+            if entry and (entry.get("status", {}).get("completed")
+                          or entry.get("status", {}).get("status_str") == "error"):
+                return entry
+            time.sleep(0.25)
+        self.request("/interrupt", {})
+        raise AssertionError(f"prompt {prompt_id} did not finish in {timeout} s\n{self.log_tail()}")
+
+    def run(self, graph: dict, timeout: float = 150) -> dict:
+        entry = self.wait(self.queue(graph), timeout)
+        status = entry.get("status", {})
+        assert status.get("status_str") == "success", (
+            f"prompt failed: {json.dumps(status.get('messages'), indent=1)[:4000]}\n{self.log_tail()}")
+        return entry
+
+    # -- process
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def log_tail(self, n: int = 60) -> str:
+        return "---- ComfyUI log (tail) ----\n" + "\n".join(self.log().splitlines()[-n:])
+
+    def assert_alive(self):
+        assert self.proc.poll() is None, f"ComfyUI exited with code {self.proc.returncode}\n{self.log_tail()}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _comfy_checkout() -> Path:
+    raw = os.environ.get("COMFYUI_PATH")
+    if not raw:
+        pytest.skip("COMFYUI_PATH is not set: point it at a ComfyUI checkout (the folder with main.py) to run the "
+                    "real-ComfyUI integration tests; COMFYUI_PYTHON selects its interpreter")
+    path = Path(raw).expanduser().resolve()
+    if not (path / "main.py").is_file() or not (path / "nodes.py").is_file():
+        pytest.skip(f"COMFYUI_PATH={raw} is not a ComfyUI checkout (no main.py / nodes.py there)")
+    return path
+
+
+def _link_or_copy(src: Path, dst: Path):
+    try:
+        dst.symlink_to(src, target_is_directory=True)
+    except OSError:  # no symlink rights (Windows): copy the working tree instead
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".venv"))
+
+
+@pytest.fixture(scope="session")
+def comfy_server(tmp_path_factory):
+    comfy_path = _comfy_checkout()
+    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
+    root = tmp_path_factory.mktemp("comfyui")
+    for sub in ("custom_nodes", "models/vae", "models/diffusion_models", "models/text_encoders", "models/diffusers",
+                "input", "output",
+                "temp", "user"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    _link_or_copy(REPO, root / "custom_nodes" / PACK_FOLDER)
+    (root / "custom_nodes" / "omnivideo_test_probe").mkdir()
+    (root / "custom_nodes" / "omnivideo_test_probe" / "__init__.py").write_text(PROBE_PACK, encoding="utf-8")
+    yaml_path = root / "extra_model_paths.yaml"
+    yaml_path.write_text(textwrap.dedent(f"""\
+        omnivideo_integration:
+            base_path: {root.as_posix()}
+            is_default: true
+            custom_nodes: custom_nodes
+            vae: models/vae
+            diffusion_models: models/diffusion_models
+            text_encoders: models/text_encoders
+            diffusers: models/diffusers
+        """), encoding="utf-8")
+
+    port = _free_port()
+    log_path = root / "comfyui.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    for var in ("TRITON_INTERPRET", "OMNIVIDEO_DEVICE"):  # set for the unit tests by tests/conftest.py
+        env.pop(var, None)
+    cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+           "--extra-model-paths-config", str(yaml_path),
+           "--output-directory", str(root / "output"), "--input-directory", str(root / "input"),
+           "--temp-directory", str(root / "temp"), "--user-directory", str(root / "user"),
+           "--database-url", "sqlite:///:memory:", "--disable-auto-launch"]
+    log_file = open(log_path, "w", encoding="utf-8")
+    proc = subprocess.Popen(cmd, cwd=comfy_path, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    server = ComfyServer(f"http://127.0.0.1:{port}", root, proc, log_path, python, comfy_path)
+    try:
+        # Build the VAE file while ComfyUI starts (it reads the vae folder per request, so it may come late).
+        try:
+            server.vae_info = write_random_wan21_vae(root / "models" / "vae" / VAE_FILE)
+        except Exception as exc:  # reported by the tests that need the file
+            server.vae_error = f"{type(exc).__name__}: {exc}"
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            server.assert_alive()
+            try:
+                status, _ = server.request("/object_info", timeout=10)
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ComfyUI did not answer /object_info within {READY_TIMEOUT_S} s\n"
+                                     f"{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        server.stop()
+        log_file.close()
+
+
+@pytest.fixture(scope="session")
+def report() -> list[str]:
+    """Lines printed in the terminal summary (measured numbers, Backend Info)."""
+    return REPORT
+
+
+@pytest.fixture(scope="session")
+def object_info(comfy_server):
+    return comfy_server.get_json("/object_info", timeout=60)
+
+
+@pytest.fixture
+def vae_file(comfy_server) -> str:
+    assert comfy_server.vae_error is None, f"could not build the random Wan 2.1 VAE: {comfy_server.vae_error}"
+    return VAE_FILE

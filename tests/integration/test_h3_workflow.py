@@ -1,0 +1,89 @@
+"""The shipped H3 API workflows in a real, headless ComfyUI (CPU) with a tiny diffusers-format H3 folder and a
+tiny Qwen3-VL made here. Skipped unless COMFYUI_PATH is set (see conftest.py).
+
+Checks: our H3 nodes are registered; t2va and fl2va (first frame from LoadImage) run end to end and SaveVideo
+writes an mp4 with 124 frames at 24 fps and a stereo audio track.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
+
+from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder  # noqa: E402
+from h3_tiny_qwen import LAYER, tiny_qwen3vl, write_text_encoder_folder  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+H3_NODES = ("OmniVideoH3Loader", "OmniVideoH3TextEncoderLoader", "OmniVideoH3TextEncode", "OmniVideoH3Keyframes",
+            "OmniVideoH3Decode", "OmniVideoSampler")
+H3_FOLDER, TE_FOLDER, IMAGE = "MiniMax-H3-tiny", "qwen3vl-tiny", "h3_first_frame.png"
+
+
+@pytest.fixture(scope="module")
+def h3_files(comfy_server):
+    yaml = (comfy_server.root / "extra_model_paths.yaml").read_text()
+    if "diffusers:" not in yaml:
+        pytest.skip("the integration harness registers no `diffusers` model folder: tests/integration/conftest.py "
+                    "needs `diffusers: models/diffusers` in its extra_model_paths.yaml for the H3 loader")
+    root = comfy_server.root / "models"
+    write_folder(root / "diffusers" / H3_FOLDER, *make_models(seed=5))
+    write_text_encoder_folder(root / "text_encoders" / TE_FOLDER, *tiny_qwen3vl())
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 255, (80, 120, 3), dtype=np.uint8)).save(comfy_server.input_dir / IMAGE)
+    return root
+
+
+def _graph(name: str) -> tuple[dict, str]:
+    graph = json.loads((REPO / "workflows" / "api" / f"{name}.api.json").read_text(encoding="utf-8"))
+    prefix = f"video/h3_{name}_{uuid.uuid4().hex[:8]}"
+    small = {
+        "OmniVideoH3Loader": {"folder": H3_FOLDER, "dtype": "float32"},
+        "OmniVideoH3TextEncoderLoader": {"folder": TE_FOLDER, "dtype": "float32", "layer": LAYER},
+        "OmniVideoSampler": {"frames": FRAMES, "steps": 3, "width": WIDTH, "height": HEIGHT},
+        "OmniVideoH3Keyframes": {"width": WIDTH, "height": HEIGHT},
+        "LoadImage": {"image": IMAGE},
+        "SaveVideo": {"filename_prefix": prefix},
+    }
+    for node in graph.values():
+        node["inputs"].update(small.get(node["class_type"], {}))
+    return graph, prefix
+
+
+def _probe(python: str, path: Path) -> dict:
+    code = ("import av,json,sys; c=av.open(sys.argv[1]); v=c.streams.video[0]; a=c.streams.audio; "
+            "f=sum(1 for _ in c.decode(v)); "
+            "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate), "
+            "'audio': len(a), 'rate': a[0].rate if a else 0, 'channels': a[0].channels if a else 0}))")
+    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_h3_nodes_are_registered(object_info):
+    missing = [n for n in H3_NODES if n not in object_info]
+    assert not missing, f"not in /object_info: {missing} (add them to nodes/__init__.py NODES)"
+
+
+@pytest.mark.parametrize("name", ["h3_t2va", "h3_fl2va"])
+def test_h3_workflow_writes_video_with_audio(comfy_server, h3_files, report, name):
+    graph, prefix = _graph(name)
+    entry = comfy_server.run(graph, timeout=400)
+    videos = sorted(comfy_server.output_dir.glob(prefix + "*.mp4"))
+    assert videos, f"no video under {comfy_server.output_dir}; outputs: {entry['outputs']}"
+    info = _probe(comfy_server.python, videos[0])
+    assert (info["frames"], info["w"], info["h"]) == (FRAMES, WIDTH, HEIGHT), info
+    assert abs(info["fps"] - 24.0) < 1e-6, info
+    assert info["audio"] == 1 and info["channels"] == 2 and info["rate"] > 0, info
+    report.append(f"{name}: {videos[0].name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps, "
+                  f"audio {info['channels']} ch @ {info['rate']} Hz")

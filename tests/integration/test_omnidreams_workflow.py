@@ -1,0 +1,104 @@
+"""The shipped OmniDreams API workflows in a real, headless ComfyUI (CPU): a tiny OmniDreams checkpoint
+(.pt, released layout), a tiny Cosmos-Reason1 (Qwen2.5-VL) folder and the full-size random Wan 2.1 VAE of
+the harness. Skipped unless COMFYUI_PATH is set (see conftest.py).
+
+Checks: our OmniDreams nodes are registered; image-to-video with and without the HD-map video run end to end
+(LoadImage / LoadVideo -> encode -> OmniVideo Sampler -> OmniVideo Wan VAE Decode -> CreateVideo -> SaveVideo)
+and SaveVideo writes an mp4 with 1 + (2N - 1) * 4 frames at 30 fps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
+
+from omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict, write_tiny_cosmos_reason1  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+OD_NODES = ("OmniDreamsModelLoader", "OmniDreamsTextEncoderLoader", "OmniDreamsTextEncode",
+            "OmniDreamsLoadTextEmbedding", "OmniDreamsEncodeFirstFrame", "OmniDreamsEncodeHDMap", "OmniVideoSampler")
+CKPT, TE_FOLDER = "omnidreams_tiny.pt", "cosmos_reason1_tiny"
+IMAGE, HDMAP = "omnidreams_first_frame.png", "omnidreams_hdmap.mp4"
+WIDTH, HEIGHT, FRAMES = 64, 48, 13  # 13 = 1 + (2*2 - 1) * 4: two chunks
+
+
+def _write_video(python: str, path: Path, frames: int):
+    code = ("import av, numpy as np, sys; c = av.open(sys.argv[1], 'w'); s = c.add_stream('libx264', rate=30); "
+            f"s.width, s.height, s.pix_fmt = {WIDTH}, {HEIGHT}, 'yuv420p'; rng = np.random.default_rng(0)\n"
+            f"for i in range({frames}):\n"
+            f"    img = rng.integers(0, 255, ({HEIGHT}, {WIDTH}, 3), dtype=np.uint8)\n"
+            "    [c.mux(p) for p in s.encode(av.VideoFrame.from_ndarray(img, format='rgb24'))]\n"
+            "[c.mux(p) for p in s.encode()]; c.close()")
+    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.fixture(scope="module")
+def omnidreams_files(comfy_server):
+    import torch
+
+    root = comfy_server.root / "models"
+    cfg = dataclasses.replace(TINY, text_in_dim=TEXT_LAYERS * TEXT_HIDDEN)  # full_concat of the tiny encoder
+    torch.save(stored_state_dict(cfg, seed=3), root / "diffusion_models" / CKPT)
+    write_tiny_cosmos_reason1(root / "text_encoders" / TE_FOLDER)
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 255, (80, 120, 3), dtype=np.uint8)).save(comfy_server.input_dir / IMAGE)
+    _write_video(comfy_server.python, comfy_server.input_dir / HDMAP, FRAMES + 2)
+    return root
+
+
+def _graph(name: str) -> tuple[dict, str]:
+    graph = json.loads((REPO / "workflows" / "api" / f"{name}.api.json").read_text(encoding="utf-8"))
+    prefix = f"video/{name}_{uuid.uuid4().hex[:8]}"
+    small = {
+        "OmniDreamsModelLoader": {"ckpt_name": CKPT, "dtype": "fp32"},
+        "OmniDreamsTextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32"},
+        "OmniDreamsTextEncode": {"prompt": "a car drives down the street"},
+        "OmniDreamsEncodeFirstFrame": {"width": WIDTH, "height": HEIGHT},
+        "OmniDreamsEncodeHDMap": {"width": WIDTH, "height": HEIGHT},
+        "OmniVideoSampler": {"frames": FRAMES},
+        "LoadImage": {"image": IMAGE},
+        "LoadVideo": {"file": HDMAP},
+        "SaveVideo": {"filename_prefix": prefix},
+    }
+    for node in graph.values():
+        node["inputs"].update(small.get(node["class_type"], {}))
+    return graph, prefix
+
+
+def _probe(python: str, path: Path) -> dict:
+    code = ("import av,json,sys; c=av.open(sys.argv[1]); v=c.streams.video[0]; "
+            "f=sum(1 for _ in c.decode(v)); "
+            "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate)}))")
+    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_omnidreams_nodes_are_registered(object_info):
+    missing = [n for n in OD_NODES if n not in object_info]
+    assert not missing, f"not in /object_info: {missing} (add them to nodes/__init__.py NODES)"
+
+
+@pytest.mark.parametrize("name", ["omnidreams_i2v", "omnidreams_i2v_hdmap"])
+def test_omnidreams_workflow_writes_video(comfy_server, omnidreams_files, vae_file, report, name):
+    graph, prefix = _graph(name)
+    entry = comfy_server.run(graph, timeout=400)
+    videos = sorted(comfy_server.output_dir.glob(prefix + "*.mp4"))
+    assert videos, f"no video under {comfy_server.output_dir}; outputs: {entry['outputs']}"
+    info = _probe(comfy_server.python, videos[0])
+    assert (info["frames"], info["w"], info["h"]) == (FRAMES, WIDTH, HEIGHT), info
+    assert abs(info["fps"] - 30.0) < 1e-6, info
+    report.append(f"{name}: {videos[0].name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps")

@@ -1,0 +1,124 @@
+"""The one attention call: config validation, plan resolution (dense reasons), stats, registry choice."""
+
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from omnivideo.backends import PLATFORM, Platform, resolve
+from omnivideo.kernels.attention_layout import AttnLayout
+from omnivideo.kernels.attention_torch import rainfusion_reference
+from omnivideo.pipelines import attention as A
+
+CPU = Platform("cpu", torch.device("cpu"), "test")
+GRID, PREFIX = (3, 16, 16), 16  # the shape of test_attention_rainfusion: one flex compile
+
+
+def qkv(s=PREFIX + 768, b=1, h=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, s, h, d, generator=g) for _ in range(3)]
+
+
+def dense(q, k, v):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def test_parse_skip_layers():
+    assert A.parse_skip_layers("0-3,38") == {0, 1, 2, 3, 38}
+    assert A.parse_skip_layers(" 5 , 7-7 ,") == {5, 7} and A.parse_skip_layers("") == frozenset()
+    for bad, msg in [("a", "not a layer index"), ("3-1", "runs backwards"), ("-2", "not a layer index"),
+                     ("1;2", "not a layer index")]:
+        with pytest.raises(ValueError, match=msg):
+            A.parse_skip_layers(bad)
+
+
+def test_validate_messages():
+    assert A.validate("rainfusion", 0.8, 0, "0-3,38", 128, CPU) is None
+    assert "sparsity 1.2 is out of range" in A.validate("rainfusion", 1.2, 0, "", 128, CPU)
+    assert "out of range" in A.validate("rainfusion", -0.1, 0, "", 128, CPU)
+    assert "skip_layers" in A.validate("rainfusion", 0.8, 0, "0-x", 128, CPU)
+    assert "power of two" in A.validate("rainfusion", 0.8, 0, "", 96, CPU)
+    assert "start_step" in A.validate("rainfusion", 0.8, -1, "", 128, CPU)
+    assert "unknown" in A.validate("magic", 0.8, 0, "", 128, CPU)
+    with pytest.raises(ValueError, match="sparsity 0.99"):
+        A.AttentionConfig("rainfusion", sparsity=0.99)
+
+
+def test_dense_backends_equal_sdpa():
+    q, k, v = qkv()
+    for backend in ("auto", "sdpa", "flash_varlen"):
+        torch.testing.assert_close(A.attention(q, k, v, A.AttentionConfig(backend)), dense(q, k, v), atol=1e-6,
+                                   rtol=1e-5)
+    assert A.dense_backend(None, CPU)[0] == "flash_varlen"  # auto: fastest exact on CPU
+    with pytest.raises(ValueError, match=r"\[B, S, H, D\]"):
+        A.attention(q[0], k[0], v[0])
+
+
+def test_sparse_auto_resolution_on_cpu():
+    name = resolve("attention", "auto", CPU, exact=False).name
+    flex_ok = resolve("attention", "flex_block_sparse", CPU).name == "flex_block_sparse"
+    assert name == ("flex_block_sparse" if flex_ok else "torch_block_sparse")
+    assert resolve("attention", "auto", CPU).impl.exact  # plain auto never picks a sparse path
+
+
+@pytest.mark.parametrize("backend", ["torch_block_sparse", "rainfusion_reference"])
+def test_sparse_call_matches_reference_and_reports_sparsity(backend):
+    q, k, v = qkv()
+    layout = AttnLayout(PREFIX, GRID)
+    cfg = A.AttentionConfig(backend, sparsity=0.8, block_size=32, min_video_blocks=4)
+    stats = A.AttentionStats()
+    out = A.attention(q, k, v, cfg, layout=layout, step=3, layer=1, stats=stats)
+    info = {}
+    ref = rainfusion_reference(q, k, v, layout=layout, sparsity=0.8, block_size=32, stats=info)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    assert stats.sparse_calls == 1 and stats.impls[backend] == 1 and stats.nominal_sparsity == 0.8
+    assert stats.realized_sparsity == pytest.approx(info["realized_sparsity"])
+    assert 0 < stats.realized_sparsity < 0.8 and "realized" in stats.summary()
+
+
+def test_dense_reasons_are_logged_once_and_counted(caplog):
+    A._logged.clear()
+    q, k, v = qkv()
+    layout = AttnLayout(PREFIX, GRID)
+    cfg = A.AttentionConfig("rainfusion", sparsity=0.8, start_step=2, skip_layers="0-1,5", block_size=32,
+                            min_video_blocks=4)
+    stats = A.AttentionStats()
+    expected = dense(q, k, v)
+    with caplog.at_level(logging.INFO, logger="omnivideo"):
+        for _ in range(3):
+            out = A.attention(q, k, v, cfg, layout=layout, step=0, layer=3, stats=stats)  # warm-up
+            torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+            A.attention(q, k, v, cfg, layout=layout, step=4, layer=5, stats=stats)  # skip_layers
+            A.attention(q, k, v, cfg, layout=None, step=4, layer=2, stats=stats)  # no layout
+            A.attention(q, k, v, cfg, layout=AttnLayout(0, GRID), step=4, layer=2, stats=stats)  # inconsistent
+            A.attention(q, k, v, A.AttentionConfig("rainfusion", block_size=32), layout=layout, stats=stats)  # short
+    assert stats.sparse_calls == 0
+    assert stats.dense_calls == {"warm-up": 3, "skip_layers": 3, "no layout": 3, "layout inconsistent": 3,
+                                 "short video": 3}
+    lines = [r.getMessage() for r in caplog.records if "dense (" in r.getMessage()]
+    assert len(lines) == 5, lines  # each reason once
+    assert any("step 0 < start_step 2" in m for m in lines)
+    assert any("24 video blocks < 32" in m for m in lines)
+    A.attention(q, k, v, cfg, layout=layout, step=2, layer=2, stats=stats)
+    assert stats.sparse_calls == 1  # past warm-up, not skipped: sparse
+
+
+def test_packed_sequence_runs_sparse_on_real_rows():
+    q, k, v = qkv(s=PREFIX + 768 + 40)
+    layout = AttnLayout(PREFIX, GRID, kv_lengths=(PREFIX + 768,))
+    cfg = A.AttentionConfig("torch_block_sparse", sparsity=0.8, block_size=32, min_video_blocks=4)
+    out = A.attention(q, k, v, cfg, layout=layout)
+    real = slice(0, PREFIX + 768)
+    ref = rainfusion_reference(q[:, real], k[:, real], v[:, real], layout=AttnLayout(PREFIX, GRID), sparsity=0.8,
+                               block_size=32)
+    torch.testing.assert_close(out[:, real], ref, atol=2e-6, rtol=1e-5)
+
+
+def test_video_must_be_the_tail_of_the_real_rows():
+    q, k, v = qkv()
+    why = A.dense_reason(A.AttentionConfig("rainfusion", min_video_blocks=1), q, k, AttnLayout(8, GRID), None, None)
+    assert why[0] == "layout inconsistent" and "tail" in why[1]
+    assert math.prod(GRID) + PREFIX == q.shape[1]
+    assert PLATFORM.name in ("cpu", "cuda", "npu")

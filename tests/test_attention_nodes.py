@@ -1,0 +1,208 @@
+"""OmniVideo Attention (selector) and OmniVideo Patch Model Attention (native ComfyUI MODEL patch)."""
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from omnivideo import NODE_CLASS_MAPPINGS
+from omnivideo.kernels.attention_layout import AttnLayout
+from omnivideo.kernels.attention_torch import rainfusion_reference
+from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
+from omnivideo.pipelines.attention import AttentionConfig
+from omnivideo.pipelines.attention_patch import patch_grid, sampling_step
+
+REPO = Path(__file__).resolve().parents[1]
+GRID = (3, 16, 16)  # patch grid of a [1, C, 3, 32, 32] latent with Wan's (1, 2, 2) patches
+H, D = 2, 16
+S = math.prod(GRID)
+
+
+def test_selector_schema_validation_and_output():
+    schema = OmniVideoAttention.define_schema()
+    assert schema.node_id == "OmniVideoAttention" and schema.display_name == "OmniVideo Attention"
+    assert [i.id for i in schema.inputs] == ["backend", "sparsity", "start_step", "skip_layers", "block_size"]
+    assert schema.outputs[0].io_type == "OMNIVIDEO_ATTENTION"
+    ok = dict(backend="rainfusion", sparsity=0.8, start_step=2, skip_layers="0-3,38", block_size=128)
+    assert OmniVideoAttention.validate_inputs(**ok) is True
+    assert "out of range" in OmniVideoAttention.validate_inputs(**{**ok, "sparsity": 0.97})
+    assert "skip_layers" in OmniVideoAttention.validate_inputs(**{**ok, "skip_layers": "3-"})
+    assert "power of two" in OmniVideoAttention.validate_inputs(**{**ok, "block_size": 100})
+    config = OmniVideoAttention.execute(**ok).args[0]
+    assert config == AttentionConfig("rainfusion", 0.8, 2, "0-3,38", 128) and config.skip_set == {0, 1, 2, 3, 38}
+    assert copy.deepcopy(config) == config
+
+
+def test_nodes_are_registered_when_the_lead_lists_them():
+    for node_id in ("OmniVideoAttention", "OmniVideoPatchModelAttention"):
+        if node_id not in NODE_CLASS_MAPPINGS:
+            pytest.skip(f"{node_id} not yet in nodes/__init__.py NODES")
+    assert NODE_CLASS_MAPPINGS["OmniVideoPatchModelAttention"] is OmniVideoPatchModelAttention
+
+
+class FakeModelPatcher:
+    """The ModelPatcher surface the patch node uses (clone deep-copies model_options, like ComfyUI)."""
+
+    def __init__(self):
+        self.model_options = {"transformer_options": {}}
+        self.wrappers = {}
+
+    def clone(self):
+        n = FakeModelPatcher()
+        n.model_options = copy.deepcopy(self.model_options)
+        n.wrappers = {t: {k: list(v) for k, v in d.items()} for t, d in self.wrappers.items()}
+        return n
+
+    def add_wrapper_with_key(self, wrapper_type, key, fn):
+        self.wrappers.setdefault(wrapper_type, {}).setdefault(key, []).append(fn)
+
+    def remove_wrappers_with_key(self, wrapper_type, key):
+        self.wrappers.get(wrapper_type, {}).pop(key, None)
+
+
+def comfy_original(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,
+                   **kwargs):
+    """Stand-in for ComfyUI's attention function; tags its output so pass-through is visible."""
+    comfy_original.calls += 1
+    if not skip_reshape:
+        b, s, hd = q.shape
+        q, k, v = (t.view(b, -1, heads, hd // heads).transpose(1, 2) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out if skip_output_reshape else out.transpose(1, 2).reshape(out.shape[0], -1, heads * out.shape[-1])
+
+
+def patched_model(config):
+    model = FakeModelPatcher()
+    patched = OmniVideoPatchModelAttention.execute(model, config).args[0]
+    assert "optimized_attention_override" not in model.model_options["transformer_options"]  # original untouched
+    opts = patched.model_options["transformer_options"]
+    (wrapper,), = patched.wrappers["diffusion_model"].values()
+    return patched, opts["optimized_attention_override"], wrapper
+
+
+class Executor:
+    """ComfyUI's WrapperExecutor surface: callable, with the diffusion model as class_obj."""
+
+    def __init__(self, body):
+        self.body, self.class_obj = body, types.SimpleNamespace(patch_size=(1, 2, 2))
+
+    def __call__(self, x, t, context, clip_fea, time_dim_concat, transformer_options):
+        return self.body(transformer_options)
+
+
+def run_forward(wrapper, body, opts, latent_shape=(1, 16, 3, 32, 32)):
+    """Call the DIFFUSION_MODEL wrapper as Wan's forward does: wrapper(executor, x, t, ctx, clip, tdc, opts)."""
+    return wrapper(Executor(body), torch.zeros(latent_shape), None, None, None, None, opts)
+
+
+def qkv(s=S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, s, H * D, generator=g) for _ in range(3)]
+
+
+CFG = AttentionConfig("torch_block_sparse", sparsity=0.8, block_size=32, min_video_blocks=4)
+
+
+def test_patch_routes_self_attention_through_rainfusion_with_the_latent_grid():
+    _, override, wrapper = patched_model(CFG)
+    q, k, v = qkv()
+    comfy_original.calls = 0
+    out = run_forward(wrapper, lambda opts: override(comfy_original, q, k, v, heads=H, transformer_options=opts), {})
+    ref = rainfusion_reference(*(t.view(1, S, H, D) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8,
+                               block_size=32)
+    assert comfy_original.calls == 0 and out.shape == q.shape
+    torch.testing.assert_close(out, ref.reshape(1, S, H * D), atol=2e-6, rtol=1e-5)
+    assert override.__self__.stats.sparse_calls == 1
+
+
+def test_patch_passes_cross_attention_masks_and_unknown_layouts_to_the_original():
+    patched, override, wrapper = patched_model(CFG)
+    q, k, v = qkv()
+    ctx = torch.randn(1, 77, H * D)
+    comfy_original.calls = 0
+    opts = {}
+
+    def body(o):
+        a = override(comfy_original, q, ctx, ctx, heads=H, transformer_options=o)  # cross-attention
+        torch.testing.assert_close(a, comfy_original(q, ctx, ctx, H))
+        mask = torch.zeros(1, 1, S, S)
+        override(comfy_original, q, k, v, H, mask, transformer_options=o)  # masked
+        return a
+
+    run_forward(wrapper, body, opts)
+    assert comfy_original.calls == 3  # cross-attention and masked call passed through + 1 direct reference call
+    assert opts == {}  # the layout is removed after the forward
+    out = override(comfy_original, q, k, v, heads=H, transformer_options={})  # no wrapper ran: no layout
+    assert torch.equal(out, comfy_original(q, k, v, H))
+    assert override.__self__.stats.dense_calls["no layout"] == 1
+    out = run_forward(wrapper, lambda o: override(comfy_original, q, k, v, heads=H, transformer_options=o), {},
+                      latent_shape=(1, 16, 3, 32, 34))  # grid (3, 16, 17) != rows: inconsistent
+    assert torch.equal(out, comfy_original(q, k, v, H))
+    assert copy.deepcopy(patched.model_options)["transformer_options"]["optimized_attention_override"].__self__ \
+        is override.__self__  # clones share one patch and its stats
+
+
+def test_patch_gates_steps_from_sigmas_and_counts_layers():
+    config = AttentionConfig("torch_block_sparse", sparsity=0.8, start_step=1, skip_layers="1", block_size=32,
+                             min_video_blocks=4)
+    _, override, wrapper = patched_model(config)
+    q, k, v = qkv()
+    schedule = torch.tensor([1.0, 0.7, 0.3, 0.0])
+    stats = override.__self__.stats
+    for sigma in (1.0, 0.7):
+        opts = {"sigmas": torch.tensor([sigma]), "sample_sigmas": schedule}
+        run_forward(wrapper, lambda o: [override(comfy_original, q, k, v, heads=H, transformer_options=o)
+                                        for _ in range(2)], opts)  # two blocks: layers 0 and 1
+    assert stats.dense_calls == {"warm-up": 1, "skip_layers": 2} and stats.sparse_calls == 1  # layer 1 always skipped
+    assert sampling_step({"sigmas": torch.tensor([0.31]), "sample_sigmas": schedule}) == 2
+    assert sampling_step({}) is None
+
+
+def test_patch_handles_comfy_bhsd_layout():
+    _, override, wrapper = patched_model(CFG)
+    q, k, v = (t.view(1, S, H, D).transpose(1, 2) for t in qkv())  # Cosmos: skip_reshape=True, [B, H, S, D]
+    out = run_forward(wrapper, lambda o: override(comfy_original, q, k, v, H, skip_reshape=True,
+                                                  skip_output_reshape=True, transformer_options=o), {})
+    ref = rainfusion_reference(*(t.transpose(1, 2) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8,
+                               block_size=32)
+    torch.testing.assert_close(out, ref.transpose(1, 2), atol=2e-6, rtol=1e-5)
+
+
+def test_patch_grid_for_wan_and_cosmos():
+    assert patch_grid((1, 16, 21, 60, 104), types.SimpleNamespace(patch_size=(1, 2, 2))) == (21, 30, 52)
+    assert patch_grid((1, 16, 5, 45, 45), types.SimpleNamespace(patch_spatial=2, patch_temporal=1)) == (5, 23, 23)
+    assert patch_grid((1, 16, 64, 64), types.SimpleNamespace(patch_size=(1, 2, 2))) is None
+    assert patch_grid((1, 16, 2, 8, 8), object()) is None
+
+
+@pytest.mark.integration
+def test_patch_node_with_a_tiny_native_comfyui_wan_model():
+    path = os.environ.get("COMFYUI_PATH")
+    if not path:
+        pytest.skip("COMFYUI_PATH is not set: point it at a ComfyUI checkout to sample a tiny native Wan model")
+    if not os.path.isfile(os.path.join(path, "comfy", "ldm", "wan", "model.py")):
+        pytest.skip(f"COMFYUI_PATH={path} has no comfy/ldm/wan/model.py")
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    env = {**os.environ, "COMFYUI_PATH": path}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([python, str(REPO / "tests" / "attention_comfy_probe.py")], env=env, capture_output=True,
+                          text=True, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE_RESULT ")), None)
+    assert line is not None, f"probe failed (rc {proc.returncode}; set COMFYUI_PYTHON to ComfyUI's interpreter):\n" \
+                             f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    result = json.loads(line.split(" ", 1)[1])
+    zero, sparse, gated = result["0.0"], result["0.8"], result["gated"]
+    assert result["base_untouched"]
+    assert zero["sparse_calls"] == 4 and zero["dense_calls"] == {}  # 2 layers x 2 steps, all through our op
+    assert zero["max_abs_diff"] <= 1e-5 * max(1.0, zero["ref_scale"])  # sparsity 0: the same latent
+    assert sparse["sparse_calls"] == 4 and sparse["realized"] > 0.1
+    assert sparse["max_abs_diff"] > 1e-5 * sparse["ref_scale"]  # sparsity 0.8: runs and differs
+    assert gated["dense_calls"] == {"warm-up": 1, "skip_layers": 2} and gated["sparse_calls"] == 1

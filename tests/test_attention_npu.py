@@ -1,0 +1,146 @@
+"""Ascend NPU attention paths with fake `torch_npu` / `mindiesd` modules that record the calls.
+
+The fakes compute on CPU (a stand-in for the NPU op), so outputs are checked too.
+"""
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from omnivideo.backends import backend_report, detect, resolve
+from omnivideo.kernels.attention_layout import AttnLayout
+from omnivideo.kernels.attention_torch import rainfusion_reference
+from omnivideo.pipelines.attention import AttentionConfig, AttentionStats, attention, validate
+
+
+def _math_attention(q, k, v, scale):
+    """[..., S, D] attention in explicit math (no fused kernel): exact power-of-two behaviour."""
+    return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1) @ v
+
+
+@pytest.fixture
+def NPU(monkeypatch, fake_torch_npu):
+    monkeypatch.setenv("OMNIVIDEO_DEVICE", "npu")
+    return detect()
+
+
+@pytest.fixture
+def mindiesd(monkeypatch):
+    calls = []
+    mod = types.ModuleType("mindiesd")
+
+    def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, **kw):
+        calls.append(("varlen", dict(shape=tuple(q.shape), cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
+                                     scale=softmax_scale, kw=kw)))
+        out = torch.zeros_like(q)
+        for a, b in zip(cu_seqlens_q[:-1], cu_seqlens_q[1:]):  # TND: one sequence per segment
+            seg = slice(a, b)
+            out[seg] = _math_attention(q[seg].transpose(0, 1), k[seg].transpose(0, 1), v[seg].transpose(0, 1),
+                                       softmax_scale).transpose(0, 1)
+        return out
+
+    def attention_forward(q, k, v, attn_mask=None, scale=None, fused=True, head_first=False, **kw):
+        calls.append(("laser", dict(q=q, scale=scale, head_first=head_first, kw=kw)))
+        return _math_attention(q, k, v, scale)  # BNSD
+
+    def sparse_attention(q, k, v, scale=None, head_num=1, input_layout="BNSD", sparse_type=None, txt_len=0,
+                         block_size=128, latent_shape_q=None, latent_shape_k=None, sparsity=0.0, **kw):
+        calls.append(("sparse", dict(shape=tuple(q.shape), scale=scale, head_num=head_num, layout=input_layout,
+                                     sparse_type=sparse_type, txt_len=txt_len, block_size=block_size,
+                                     latent_q=latent_shape_q, latent_k=latent_shape_k, sparsity=sparsity)))
+        return rainfusion_reference(q, k, v, layout=AttnLayout(txt_len, tuple(latent_shape_q)), sparsity=sparsity,
+                                    scale=scale, block_size=block_size)
+
+    mod.attention_forward_varlen = attention_forward_varlen
+    mod.attention_forward = attention_forward
+    mod.sparse_attention = sparse_attention
+    monkeypatch.setitem(sys.modules, "mindiesd", mod)
+    return calls
+
+
+def qkv(b=1, s=96, h=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, s, h, d, generator=g) for _ in range(3)]
+
+
+def test_registry_picks_mindie_paths_on_npu(NPU, mindiesd, monkeypatch):
+    assert NPU.name == "npu"
+    assert resolve("attention", "auto", NPU).name == "npu_fusion_varlen"
+    assert resolve("attention", "auto", NPU, exact=False).name == "npu_rainfusion"
+    assert resolve("attention", "npu_laser", NPU).name == "npu_fusion_varlen"  # laser is opt-in
+    monkeypatch.setenv("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
+    assert resolve("attention", "auto", NPU).name == "npu_laser"
+    text = backend_report(NPU)
+    assert "attention: auto -> npu_laser" in text and "npu_rainfusion: usable" in text
+
+
+def test_missing_mindiesd_ops_fall_back_and_say_why(NPU, mindiesd, monkeypatch):
+    monkeypatch.delattr(sys.modules["mindiesd"], "sparse_attention")
+    res = resolve("attention", "npu_rainfusion", NPU)
+    assert res.name == "torch_block_sparse" and "mindiesd has no sparse_attention" in res.reason
+    assert "npu_rainfusion: unusable - mindiesd has no sparse_attention" in backend_report(NPU)
+    monkeypatch.setitem(sys.modules, "mindiesd", None)
+    res = resolve("attention", "npu_fusion_varlen", NPU)
+    assert res.name == "flash_varlen" and "mindiesd is not importable" in res.reason
+
+
+def test_packed_varlen_calls_mindie_in_tnd_with_host_cu_seqlens(NPU, mindiesd):
+    q, k, v = qkv()
+    k[:, 70:] = 1e4  # padding garbage
+    out = attention(q, k, v, AttentionConfig("auto"), scale=0.25, layout=AttnLayout(kv_lengths=(70,)), platform=NPU)
+    (kind, call), = mindiesd
+    assert kind == "varlen" and call["shape"] == (96, 2, 16)
+    assert call["cu_q"] == [0, 70, 96] and call["cu_k"] == [0, 70, 96] and call["scale"] == 0.25
+    assert all(type(x) is int for x in call["cu_q"])  # host list: no device sync
+    expected = _math_attention(*(x[0, :70].transpose(0, 1) for x in (q, k, v)), 0.25).transpose(0, 1)
+    torch.testing.assert_close(out[0, :70], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_unpacked_batch_uses_one_segment_per_item(NPU, mindiesd):
+    q, k, v = qkv(b=2, s=40)
+    attention(q, k, v, AttentionConfig("auto"), platform=NPU)
+    assert mindiesd[0][1]["cu_q"] == [0, 40, 80] and mindiesd[0][1]["scale"] == 16 ** -0.5
+
+
+def test_laser_prescale_is_exact(NPU, mindiesd, monkeypatch):
+    monkeypatch.setenv("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
+    q, k, v = qkv(s=64)
+    out = attention(q, k, v, AttentionConfig("auto"), scale=0.3, layout=AttnLayout(kv_lengths=(50,)), platform=NPU)
+    (kind, call), = mindiesd
+    assert kind == "laser" and call["scale"] == 0.3 * 256 * 256 and call["head_first"] is True
+    assert call["kw"] == {"opt_mode": "manual", "op_type": "fused_attn_score", "layout": "BNSD"}
+    assert call["q"].shape == (1, 2, 50, 16)  # BNSD, K/V sliced to the real rows
+    assert torch.equal(call["q"] * 256, q[:, :50].transpose(1, 2))
+    expected = _math_attention(*(x[:, :50].transpose(1, 2) for x in (q, k, v)), 0.3).transpose(1, 2)
+    assert torch.equal(out[:, :50], expected)  # powers of two: bit-exact
+
+
+def test_contract_failure_rebuilds_mask_or_raises(NPU, mindiesd):
+    q, k, v = qkv(b=2, s=48)
+    out = attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30, 48)), platform=NPU)
+    assert mindiesd == []  # not the packed contract: MindIE varlen not called
+    expected = _math_attention(*(x[0, :30].transpose(0, 1) for x in (q, k, v)), 16 ** -0.5).transpose(0, 1)
+    torch.testing.assert_close(out[0, :30], expected, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="valid_kv_length"):
+        attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30,)), platform=NPU)
+
+
+def test_rainfusion_calls_mindie_rf_v2(NPU, mindiesd):
+    grid, prefix = (2, 16, 32), 128  # 1024 video rows
+    q, k, v = qkv(s=prefix + math.prod(grid))
+    cfg = AttentionConfig("rainfusion", sparsity=0.7, min_video_blocks=4)
+    stats = AttentionStats()
+    out = attention(q, k, v, cfg, scale=0.2, layout=AttnLayout(prefix, grid), platform=NPU, stats=stats)
+    (kind, call), = mindiesd
+    assert kind == "sparse"
+    assert call == dict(shape=tuple(q.shape), scale=0.2, head_num=2, layout="BSND", sparse_type="rf_v2",
+                        txt_len=prefix, block_size=128, latent_q=[2, 16, 32], latent_k=[2, 16, 32], sparsity=0.7)
+    assert out.shape == q.shape and stats.impls["npu_rainfusion"] == 1 and stats.realized_sparsity is None
+
+
+def test_npu_block_size_must_be_128(NPU):
+    assert "block_size 64 is not supported on Ascend NPU" in validate("rainfusion", 0.8, 0, "", 64, NPU)
+    assert validate("rainfusion", 0.8, 0, "", 128, NPU) is None

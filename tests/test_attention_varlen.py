@@ -1,0 +1,66 @@
+"""Packed `[real | pad]` attention: real rows equal SDPA over the real rows, and no (S x S) mask."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from omnivideo.kernels.attention_layout import AttnLayout
+from omnivideo.kernels.attention_torch import flash_varlen, sdpa
+
+S, USED = 300, 220
+
+
+def qkv(b=1, s=S, h=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, s, h, d, generator=g) for _ in range(3)]
+
+
+def ref(q, k, v):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """Record every SDPA call's key length and mask shape (a spy: an O(S^2) mask cannot hide)."""
+    calls, real = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        calls.append((k.shape[-2], None if attn_mask is None else tuple(attn_mask.shape)))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("fn", [sdpa, flash_varlen])
+def test_packed_real_rows_equal_sdpa_over_real_rows_without_a_mask(fn, sdpa_calls):
+    q, k, v = qkv()
+    # garbage in the padding must not leak into the real rows
+    k[:, USED:] = 1e4
+    out = fn(q, k, v, layout=AttnLayout(kv_lengths=(USED,)))
+    expected = ref(q[:, :USED], k[:, :USED], v[:, :USED])
+    assert torch.equal(out[:, :USED], expected)
+    assert sdpa_calls[0] == (USED, None)  # keys sliced, no mask at all
+    assert all(shape is None or shape[-2] * shape[-1] < S * S for _, shape in sdpa_calls)
+
+
+def test_unpacked_is_plain_sdpa(sdpa_calls):
+    q, k, v = qkv()
+    assert torch.equal(flash_varlen(q, k, v), ref(q, k, v))
+    assert sdpa_calls[0] == (S, None)  # (the second call is the reference)
+
+
+def test_batch_of_packed_rows_uses_an_o_s_key_mask(sdpa_calls):
+    q, k, v = qkv(b=2)
+    out = sdpa(q, k, v, layout=AttnLayout(kv_lengths=(USED, S)))
+    torch.testing.assert_close(out[:1, :USED], ref(q[:1, :USED], k[:1, :USED], v[:1, :USED]), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out[1:], ref(q[1:], k[1:], v[1:]), atol=1e-6, rtol=1e-5)
+    assert sdpa_calls[0] == (S, (2, 1, 1, S))  # B x S key mask, not S x S
+
+
+def test_unusable_lengths_raise_instead_of_attending_padding():
+    q, k, v = qkv(b=2)
+    with pytest.raises(ValueError, match="valid_kv_length"):
+        sdpa(q, k, v, layout=AttnLayout(kv_lengths=(USED,)))
+    with pytest.raises(ValueError, match="valid_kv_length"):
+        flash_varlen(q, k, v, layout=AttnLayout(kv_lengths=(0, S + 1)))

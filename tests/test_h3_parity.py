@@ -1,0 +1,93 @@
+"""Our H3 sampler and decode vs diffusers' modular minimax_h3 pipeline, tiny random weights, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnivideo.models.handles import OmniVideoConditioning
+from omnivideo.models.h3_loader import load_h3
+from omnivideo.pipelines.h3 import AUDIO_KEY, sample
+from omnivideo.pipelines.h3.decode import decode_audio, decode_video
+from omnivideo.pipelines.h3.keyframes import encode_keyframes
+
+from h3_tiny import FRAMES, HEIGHT, WIDTH, keyframe_images, make_models, reference_pipeline, text_inputs, write_folder
+
+STEPS, SEED, TOL = 4, 7, 1e-5
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def h3(tmp_path_factory):
+    transformer, vae, audio_vae = make_models()
+    root = write_folder(tmp_path_factory.mktemp("h3") / "MiniMax-H3-tiny", transformer, vae, audio_vae)
+    model, our_vae, our_audio_vae = load_h3(root, "float32", device=CPU)
+    return model, our_vae, our_audio_vae, reference_pipeline(transformer, vae, audio_vae)
+
+
+def _normalise(model, latent):
+    n = model.extras["latent_norm"]
+    vm, vs = (torch.tensor(n[k]).view(1, -1, 1, 1, 1) for k in ("video_mean", "video_std"))
+    am, ast = (torch.tensor(n[k]).view(1, -1, 1) for k in ("audio_mean", "audio_std"))
+    return (latent["samples"] - vm) / vs, (latent[AUDIO_KEY] - am) / ast
+
+
+def _max_diff(a, b):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _reference(pipe, emb, tags, **kw):
+    return pipe(prompt_embeds=emb, text_token_tags=tags, num_frames=FRAMES, height=HEIGHT, width=WIDTH,
+                num_inference_steps=STEPS, generator=torch.Generator().manual_seed(SEED), output_type="pt",
+                output=["latents", "audio_latents", "videos", "audio"], **kw)
+
+
+def test_t2va_matches_modular_pipeline(h3):
+    model, vae, audio_vae, pipe = h3
+    emb, tags = text_inputs()
+    ref = _reference(pipe, emb, tags)
+    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags})
+    ticks = []
+    out = sample(model, cond, seed=SEED, frames=FRAMES, steps=STEPS, width=WIDTH, height=HEIGHT,
+                 progress=lambda done, total: ticks.append((done, total)))
+    video, audio = _normalise(model, out)
+    assert ticks == [(i, STEPS - 1) for i in range(1, STEPS)]  # steps = sigma points: N steps -> N-1 forwards
+    assert _max_diff(video, ref["latents"]) <= TOL
+    assert _max_diff(audio, ref["audio_latents"]) <= TOL
+    assert video.abs().max() > 0.1  # not a trivially zero latent
+
+    frames = decode_video(vae, out["samples"], CPU)
+    assert frames.shape == (FRAMES, HEIGHT, WIDTH, 3)
+    assert _max_diff(frames, ref["videos"][0].permute(0, 2, 3, 1)) <= TOL
+    wave = decode_audio(audio_vae, out[AUDIO_KEY], CPU)
+    assert wave.shape[:2] == (1, 2)
+    assert _max_diff(wave, ref["audio"]) <= TOL
+
+
+def test_fl2va_first_and_last_keyframes_match(h3):
+    model, vae, audio_vae, pipe = h3
+    first, last = keyframe_images()
+    emb, tags = text_inputs(n_vision_blocks=2)
+    ref = _reference(pipe, emb, tags, image=first, last_image=last)
+    keyframes = encode_keyframes(vae, first, last, WIDTH, HEIGHT, CPU)
+    assert keyframes["anchors"] == ("first", "last")
+    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags, "h3_keyframes": keyframes})
+    out = sample(model, cond, seed=SEED, frames=FRAMES, steps=STEPS, width=WIDTH, height=HEIGHT, progress=None)
+    video, audio = _normalise(model, out)
+    assert _max_diff(video, ref["latents"]) <= TOL
+    assert _max_diff(audio, ref["audio_latents"]) <= TOL
+    # the keyframes change the result (they are really in the sequence)
+    plain = sample(model, OmniVideoConditioning("h3", emb, {"text_token_tags": tags}), seed=SEED, frames=FRAMES,
+                   steps=STEPS, width=WIDTH, height=HEIGHT)
+    assert _max_diff(plain["samples"], out["samples"]) > 1e-3
+
+
+def test_keyframe_canvas_mismatch_is_explained(h3):
+    model, vae, _, _ = h3
+    first, _ = keyframe_images()
+    emb, tags = text_inputs(n_vision_blocks=1)
+    keyframes = encode_keyframes(vae, first, None, WIDTH, HEIGHT, CPU)
+    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags, "h3_keyframes": keyframes})
+    with pytest.raises(ValueError, match="encoded for 96x64"):
+        sample(model, cond, seed=0, frames=FRAMES, steps=2, width=128, height=64)

@@ -1,0 +1,667 @@
+"""Every shipped workflow file is checked against the node signatures, without ComfyUI.
+
+- API format (`workflows/**/<name>.api.json`): every class_type is one of our nodes (signature read from
+  `define_schema()`) or one of the core nodes listed in CORE_NODES below (copied from ComfyUI v0.3.64:
+  nodes.py, comfy_extras/nodes_hunyuan.py, nodes_model_advanced.py, nodes_video.py, comfy/samplers.py);
+  every required input is present, no unknown input, combo values legal, INT/FLOAT inside min/max,
+  links point at existing nodes and output slots whose type matches the input's type, an output node
+  exists and the graph has no cycle.
+- UI format (`workflows/**/<name>.json`, drag-and-drop): the same checks through `links` and
+  `widgets_values` (widget order = the node's widget inputs in definition order, plus the
+  control_after_generate value after a seed), link bookkeeping on both ends, properties
+  (cnr_id/ver/"Node name for S&R").
+- Each UI file and its API twin describe the same graph (same ids, class types, links, values).
+- `example_workflows/` (ComfyUI's template browser folder) holds byte-identical copies of the UI files.
+
+The last tests break copies of the workflows on purpose and check the validator rejects each one.
+The integration suite (tests/integration) cross-checks CORE_NODES against a real ComfyUI's /object_info.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / "workflows"
+TEMPLATES = REPO / "example_workflows"  # what ComfyUI's template browser reads
+
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "IMAGEUPLOAD"}
+FILE_LIST = "<files in a ComfyUI model/input folder>"  # dynamic combo: any non-empty file name is legal
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+UI_ONLY_NODES = {"Note", "MarkdownNote"}  # frontend-only nodes; never in the API format
+MAX_RESOLUTION = 16384  # nodes.MAX_RESOLUTION
+
+
+@dataclass
+class In:
+    name: str
+    type: str
+    required: bool = True
+    min: float | None = None
+    max: float | None = None
+    choices: object = None  # list of legal values, FILE_LIST, or None (not a combo)
+    control_after_generate: bool = False
+
+
+@dataclass
+class Sig:
+    inputs: list[In]
+    outputs: list[str]
+    output_node: bool = False
+    ours: bool = False
+    widgets: list[In] = field(init=False)
+
+    def __post_init__(self):
+        self.widgets = [i for i in self.inputs if i.type in WIDGET_TYPES]
+
+    def input(self, name):
+        return next((i for i in self.inputs if i.name == name), None)
+
+
+def _opt(name, type, **kw):
+    return In(name, type, required=False, **kw)
+
+
+SAMPLERS = [
+    "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2", "dpm_2",
+    "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_2s_ancestral_cfg_pp",
+    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu",
+    "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde", "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm",
+    "ipndm_v", "deis", "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral",
+    "res_multistep_ancestral_cfg_pp", "gradient_estimation", "gradient_estimation_cfg_pp", "er_sde", "seeds_2",
+    "seeds_3", "sa_solver", "sa_solver_pece", "ddim", "uni_pc", "uni_pc_bh2",
+]
+SCHEDULERS = ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal",
+              "linear_quadratic", "kl_optimal"]
+CLIP_TYPES = ["stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
+              "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image"]
+
+# The core nodes our workflows (and integration tests) use, as ComfyUI v0.3.64 defines them.
+CORE_NODES: dict[str, Sig] = {
+    "VAELoader": Sig([In("vae_name", "COMBO", choices=FILE_LIST)], ["VAE"]),
+    "UNETLoader": Sig([In("unet_name", "COMBO", choices=FILE_LIST),
+                       In("weight_dtype", "COMBO", choices=["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"])],
+                      ["MODEL"]),
+    "CLIPLoader": Sig([In("clip_name", "COMBO", choices=FILE_LIST), In("type", "COMBO", choices=CLIP_TYPES),
+                       _opt("device", "COMBO", choices=["default", "cpu"])], ["CLIP"]),
+    "CLIPTextEncode": Sig([In("text", "STRING"), In("clip", "CLIP")], ["CONDITIONING"]),
+    "ModelSamplingSD3": Sig([In("model", "MODEL"), In("shift", "FLOAT", min=0.0, max=100.0)], ["MODEL"]),
+    "EmptyHunyuanLatentVideo": Sig([In("width", "INT", min=16, max=MAX_RESOLUTION),
+                                    In("height", "INT", min=16, max=MAX_RESOLUTION),
+                                    In("length", "INT", min=1, max=MAX_RESOLUTION),
+                                    In("batch_size", "INT", min=1, max=4096)], ["LATENT"]),
+    "KSampler": Sig([In("model", "MODEL"),
+                     In("seed", "INT", min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+                     In("steps", "INT", min=1, max=10000), In("cfg", "FLOAT", min=0.0, max=100.0),
+                     In("sampler_name", "COMBO", choices=SAMPLERS), In("scheduler", "COMBO", choices=SCHEDULERS),
+                     In("positive", "CONDITIONING"), In("negative", "CONDITIONING"), In("latent_image", "LATENT"),
+                     In("denoise", "FLOAT", min=0.0, max=1.0)], ["LATENT"]),
+    "VAEDecode": Sig([In("samples", "LATENT"), In("vae", "VAE")], ["IMAGE"]),
+    "CreateVideo": Sig([In("images", "IMAGE"), In("fps", "FLOAT", min=1.0, max=120.0), _opt("audio", "AUDIO")],
+                       ["VIDEO"]),
+    "SaveVideo": Sig([In("video", "VIDEO"), In("filename_prefix", "STRING"),
+                      In("format", "COMBO", choices=["auto", "mp4"]), In("codec", "COMBO", choices=["auto", "h264"])],
+                     [], output_node=True),
+    "SaveImage": Sig([In("images", "IMAGE"), In("filename_prefix", "STRING")], [], output_node=True),
+    "LoadLatent": Sig([In("latent", "COMBO", choices=FILE_LIST)], ["LATENT"]),
+    # the UI stores a second widget value for the upload button ("image"); the API has no such input
+    "LoadImage": Sig([In("image", "COMBO", choices=FILE_LIST), _opt("upload", "IMAGEUPLOAD")], ["IMAGE", "MASK"]),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Our nodes: signatures read from define_schema() (works with the real comfy_api io and with compat's fallback)
+
+def _port_attr(port, key):
+    opts = getattr(port, "options", None)
+    if isinstance(opts, dict):  # compat fallback: every keyword lands in .options
+        if key in opts:
+            return opts[key]
+        return None if key == "options" else getattr(port, key, None)
+    if key == "options":  # real comfy_api Combo.Input: .options is the list of choices
+        return list(opts) if opts is not None else None
+    return getattr(port, key, None)
+
+
+def _io_type(port) -> str:
+    t = getattr(port, "io_type", None)
+    if t is None and hasattr(port, "get_io_type"):
+        t = port.get_io_type()
+    return str(t)
+
+
+def signature_from_schema(schema) -> Sig:
+    inputs = []
+    for p in schema.inputs:
+        t = _io_type(p)
+        choices = _port_attr(p, "options") if t == "COMBO" else None
+        if t == "COMBO" and not choices:  # a model-folder file list: empty outside ComfyUI
+            choices = FILE_LIST
+        inputs.append(In(p.id, t, required=not bool(getattr(p, "optional", False)), min=_port_attr(p, "min"),
+                         max=_port_attr(p, "max"), choices=choices,
+                         control_after_generate=bool(_port_attr(p, "control_after_generate"))))
+    flags = getattr(schema, "flags", {}) or {}
+    output_node = bool(getattr(schema, "is_output_node", False) or flags.get("is_output_node", False))
+    return Sig(inputs, [_io_type(o) for o in schema.outputs], output_node=output_node, ours=True)
+
+
+def our_signatures() -> dict[str, Sig]:
+    import omnivideo
+
+    sigs = {}
+    for node_id, cls in omnivideo.NODE_CLASS_MAPPINGS.items():
+        schema = cls.define_schema()
+        assert schema.node_id == node_id, f"{cls.__name__}: NODE_CLASS_MAPPINGS key {node_id} != {schema.node_id}"
+        sigs[node_id] = signature_from_schema(schema)
+    return sigs
+
+
+def all_signatures() -> dict[str, Sig]:
+    ours = our_signatures()
+    clash = set(ours) & set(CORE_NODES)
+    assert not clash, f"our node ids shadow core nodes: {clash}"
+    return {**CORE_NODES, **ours}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validators: each returns a list of readable errors (empty = valid)
+
+def check_value(where: str, spec: In, value) -> list[str]:
+    t = spec.type
+    if t == "INT":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return [f"{where}: INT expected, got {value!r}"]
+    elif t == "FLOAT":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return [f"{where}: FLOAT expected, got {value!r}"]
+    elif t == "STRING":
+        if not isinstance(value, str):
+            return [f"{where}: STRING expected, got {value!r}"]
+    elif t == "BOOLEAN":
+        if not isinstance(value, bool):
+            return [f"{where}: BOOLEAN expected, got {value!r}"]
+    elif t == "IMAGEUPLOAD":
+        if value != "image":
+            return [f"{where}: the upload widget stores 'image', got {value!r}"]
+    elif t == "COMBO":
+        if spec.choices == FILE_LIST:
+            if not isinstance(value, str) or not value:
+                return [f"{where}: a file name expected, got {value!r}"]
+        elif not spec.choices or value not in spec.choices:
+            return [f"{where}: {value!r} is not one of {spec.choices}"]
+    else:
+        return [f"{where}: {t} must come from a link, got the literal {value!r}"]
+    if t in ("INT", "FLOAT"):
+        if spec.min is not None and value < spec.min:
+            return [f"{where}: {value} < min {spec.min}"]
+        if spec.max is not None and value > spec.max:
+            return [f"{where}: {value} > max {spec.max}"]
+    return []
+
+
+def _types_match(out_type: str, in_type: str) -> bool:
+    return out_type == in_type or "*" in (out_type, in_type)
+
+
+def _is_link(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int) \
+        and not isinstance(value[1], bool)
+
+
+def _cycle(edges: dict) -> bool:
+    state = {}
+
+    def visit(n):
+        if state.get(n) == 1:
+            return True
+        if state.get(n) == 2:
+            return False
+        state[n] = 1
+        if any(visit(m) for m in edges.get(n, ())):
+            return True
+        state[n] = 2
+        return False
+
+    return any(visit(n) for n in list(edges))
+
+
+def validate_api(graph, sigs: dict[str, Sig]) -> list[str]:
+    if not isinstance(graph, dict) or not graph or "nodes" in graph:
+        return ["not an API-format graph: expected {\"<id>\": {\"class_type\": ..., \"inputs\": {...}}}"]
+    errors, edges = [], {}
+    for nid, node in graph.items():
+        if not isinstance(node, dict) or "class_type" not in node or not isinstance(node.get("inputs"), dict):
+            errors.append(f"node {nid}: needs 'class_type' and an 'inputs' object")
+            continue
+        ct, inputs = node["class_type"], node["inputs"]
+        sig = sigs.get(ct)
+        if sig is None:
+            errors.append(f"node {nid}: unknown class_type {ct!r} (not ours, not in CORE_NODES)")
+            continue
+        for name in inputs:
+            if sig.input(name) is None:
+                errors.append(f"node {nid} ({ct}): unknown input {name!r}")
+        for spec in sig.inputs:
+            where = f"node {nid} ({ct}).{spec.name}"
+            if spec.name not in inputs:
+                if spec.required:
+                    errors.append(f"{where}: required input missing")
+                continue
+            value = inputs[spec.name]
+            if _is_link(value):
+                src_id, slot = value
+                edges.setdefault(nid, set()).add(src_id)
+                src = graph.get(src_id)
+                src_sig = sigs.get(src.get("class_type")) if isinstance(src, dict) else None
+                if src is None:
+                    errors.append(f"{where}: link to missing node {src_id!r}")
+                elif src_sig is None:
+                    continue  # reported on the source node
+                elif not 0 <= slot < len(src_sig.outputs):
+                    errors.append(f"{where}: link to slot {slot} of {src['class_type']}, which has "
+                                  f"{len(src_sig.outputs)} outputs")
+                elif not _types_match(src_sig.outputs[slot], spec.type):
+                    errors.append(f"{where}: expects {spec.type}, linked to {src['class_type']} output {slot} "
+                                  f"({src_sig.outputs[slot]})")
+            else:
+                errors += check_value(where, spec, value)
+    if not any(sigs[n["class_type"]].output_node for n in graph.values()
+               if isinstance(n, dict) and n.get("class_type") in sigs):
+        errors.append("no output node: ComfyUI would run nothing")
+    if _cycle(edges):
+        errors.append("the graph has a cycle")
+    return errors
+
+
+def validate_ui(wf, sigs: dict[str, Sig]) -> list[str]:
+    if not isinstance(wf, dict) or not isinstance(wf.get("nodes"), list) or not isinstance(wf.get("links"), list):
+        return ["not a UI-format workflow: expected {nodes: [...], links: [...], ...}"]
+    errors = []
+    for key in ("groups", "config", "extra", "version", "last_node_id", "last_link_id"):
+        if key not in wf:
+            errors.append(f"top level: {key!r} missing")
+    if wf.get("version") != 0.4:
+        errors.append(f"top level: version {wf.get('version')!r}, expected 0.4")
+    nodes = {}
+    for n in wf["nodes"]:
+        if n.get("id") in nodes:
+            errors.append(f"node id {n.get('id')} used twice")
+        nodes[n.get("id")] = n
+    links = {}
+    for link in wf["links"]:
+        if not (isinstance(link, list) and len(link) == 6):
+            errors.append(f"link {link!r}: expected [id, src, src_slot, dst, dst_slot, type]")
+            continue
+        if link[0] in links:
+            errors.append(f"link id {link[0]} used twice")
+        links[link[0]] = link
+    if nodes and isinstance(wf.get("last_node_id"), int) and wf["last_node_id"] < max(nodes):
+        errors.append(f"last_node_id {wf['last_node_id']} < largest node id {max(nodes)}")
+    if links and isinstance(wf.get("last_link_id"), int) and wf["last_link_id"] < max(links):
+        errors.append(f"last_link_id {wf['last_link_id']} < largest link id {max(links)}")
+
+    has_output = False
+    for nid, n in nodes.items():
+        ct = n.get("type")
+        if ct in UI_ONLY_NODES:
+            continue
+        sig = sigs.get(ct)
+        where = f"node {nid} ({ct})"
+        if sig is None:
+            errors.append(f"{where}: unknown node type (not ours, not in CORE_NODES)")
+            continue
+        has_output |= sig.output_node
+        for key in ("pos", "size", "flags", "order", "mode", "inputs", "outputs", "properties", "widgets_values"):
+            if key not in n:
+                errors.append(f"{where}: {key!r} missing")
+        if n.get("mode", 0) != 0:
+            errors.append(f"{where}: mode {n.get('mode')} (muted/bypassed nodes do not belong in a shipped workflow)")
+        props = n.get("properties", {})
+        if props.get("Node name for S&R") != ct:
+            errors.append(f"{where}: properties['Node name for S&R'] is {props.get('Node name for S&R')!r}")
+        want_cnr = "omnivideo" if sig.ours else "comfy-core"
+        if props.get("cnr_id") != want_cnr:
+            errors.append(f"{where}: properties.cnr_id is {props.get('cnr_id')!r}, expected {want_cnr!r}")
+        if not isinstance(props.get("ver"), str) or not props.get("ver"):
+            errors.append(f"{where}: properties.ver missing")
+
+        # sockets
+        ui_inputs = n.get("inputs", [])
+        for slot, entry in enumerate(ui_inputs):
+            spec = sig.input(entry.get("name"))
+            if spec is None:
+                errors.append(f"{where}: input {entry.get('name')!r} does not exist on {ct}")
+                continue
+            if entry.get("type") != spec.type:
+                errors.append(f"{where}.{spec.name}: socket type {entry.get('type')!r}, expected {spec.type}")
+            lid = entry.get("link")
+            if lid is not None:
+                link = links.get(lid)
+                if link is None:
+                    errors.append(f"{where}.{spec.name}: link {lid} is not in links")
+                elif link[3] != nid or link[4] != slot:
+                    errors.append(f"{where}.{spec.name}: link {lid} ends at node {link[3]} slot {link[4]}")
+        linked = {e.get("name") for e in ui_inputs if e.get("link") is not None}
+        for spec in sig.inputs:
+            if spec.required and spec.type not in WIDGET_TYPES and spec.name not in linked:
+                errors.append(f"{where}.{spec.name}: required {spec.type} input is not connected")
+        outs = n.get("outputs", [])
+        if [o.get("type") for o in outs] != sig.outputs:
+            errors.append(f"{where}: output types {[o.get('type') for o in outs]}, expected {sig.outputs}")
+        for slot, o in enumerate(outs):
+            for lid in o.get("links") or []:
+                link = links.get(lid)
+                if link is None or link[1] != nid or link[2] != slot:
+                    errors.append(f"{where}: output {slot} lists link {lid}, which does not start there")
+
+        # widgets
+        values = n.get("widgets_values", [])
+        if not isinstance(values, list):
+            errors.append(f"{where}: widgets_values must be a list")
+            continue
+        expected = sum(1 + w.control_after_generate for w in sig.widgets)
+        if len(values) != expected:
+            errors.append(f"{where}: {len(values)} widgets_values, expected {expected} "
+                          f"({[w.name for w in sig.widgets]})")
+            continue
+        i = 0
+        for w in sig.widgets:
+            errors += check_value(f"{where}.{w.name} (widget)", w, values[i])
+            i += 1
+            if w.control_after_generate:
+                if values[i] not in CONTROL_VALUES:
+                    errors.append(f"{where}.{w.name}: control_after_generate {values[i]!r} not in {CONTROL_VALUES}")
+                i += 1
+
+    for lid, (_, src, src_slot, dst, dst_slot, ltype) in links.items():
+        s, d = nodes.get(src), nodes.get(dst)
+        if s is None or d is None:
+            errors.append(f"link {lid}: node {src if s is None else dst} does not exist")
+            continue
+        s_sig, d_sig = sigs.get(s.get("type")), sigs.get(d.get("type"))
+        if s_sig is None or d_sig is None:
+            continue
+        if not 0 <= src_slot < len(s_sig.outputs):
+            errors.append(f"link {lid}: {s['type']} has no output slot {src_slot}")
+            continue
+        if lid not in (s.get("outputs", [])[src_slot].get("links") or [] if src_slot < len(s.get("outputs", []))
+                       else []):
+            errors.append(f"link {lid}: not listed in node {src} output {src_slot}")
+        if not 0 <= dst_slot < len(d.get("inputs", [])):
+            errors.append(f"link {lid}: node {dst} has no input slot {dst_slot}")
+            continue
+        entry = d["inputs"][dst_slot]
+        spec = d_sig.input(entry.get("name"))
+        if entry.get("link") != lid:
+            errors.append(f"link {lid}: node {dst} input {dst_slot} holds link {entry.get('link')}")
+        out_type = s_sig.outputs[src_slot]
+        if ltype != out_type:
+            errors.append(f"link {lid}: type {ltype!r} but {s['type']} output {src_slot} is {out_type}")
+        if spec is not None and not _types_match(out_type, spec.type):
+            errors.append(f"link {lid}: {s['type']} output {out_type} into {d['type']}.{spec.name} ({spec.type})")
+    if not has_output:
+        errors.append("no output node: ComfyUI would run nothing")
+    return errors
+
+
+def ui_to_api_inputs(wf, sigs) -> dict[str, tuple[str, dict]]:
+    """What the frontend would queue for a UI workflow: {id: (class_type, inputs)}."""
+    links = {link[0]: link for link in wf["links"]}
+    graph = {}
+    for n in wf["nodes"]:
+        if n["type"] in UI_ONLY_NODES:
+            continue
+        sig = sigs[n["type"]]
+        inputs, values = {}, list(n.get("widgets_values", []))
+        for w in sig.widgets:
+            inputs[w.name] = values.pop(0)
+            if w.control_after_generate:
+                values.pop(0)
+        for entry in n.get("inputs", []):
+            if entry.get("link") is not None:
+                link = links[entry["link"]]
+                inputs[entry["name"]] = [str(link[1]), link[2]]
+        graph[str(n["id"])] = (n["type"], inputs)
+    return graph
+
+
+def compare_ui_api(wf, api, sigs) -> list[str]:
+    try:
+        ui = ui_to_api_inputs(wf, sigs)
+    except (KeyError, IndexError) as exc:
+        return [f"UI workflow cannot be turned into a prompt: {exc!r}"]
+    errors = []
+    if set(ui) != set(api):
+        errors.append(f"node ids differ: UI {sorted(ui)} vs API {sorted(api)}")
+    for nid in sorted(set(ui) & set(api)):
+        ct, inputs = ui[nid]
+        if api[nid].get("class_type") != ct:
+            errors.append(f"node {nid}: UI {ct} vs API {api[nid].get('class_type')}")
+        elif inputs != api[nid].get("inputs"):
+            errors.append(f"node {nid} ({ct}): UI inputs {inputs} vs API {api[nid].get('inputs')}")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Discovery
+
+def ui_files() -> list[Path]:
+    return sorted(p for p in WORKFLOWS.rglob("*.json") if not p.name.endswith(".api.json"))
+
+
+def api_files() -> list[Path]:
+    return sorted(WORKFLOWS.rglob("*.api.json"))
+
+
+def template_files() -> list[Path]:
+    return sorted(TEMPLATES.glob("*.json")) if TEMPLATES.is_dir() else []
+
+
+def api_twin(ui_path: Path) -> Path | None:
+    stem = ui_path.name[: -len(".json")]
+    return next((p for p in api_files() if p.name == f"{stem}.api.json"), None)
+
+
+def load(path: Path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(REPO))
+
+
+EXPECTED_WORKFLOWS = {"wan_vae_decode_only", "wan21_t2v_fused_decode"}
+
+
+@pytest.fixture(scope="module")
+def sigs():
+    return all_signatures()
+
+
+def test_expected_workflows_exist():
+    names = {p.name[: -len(".json")] for p in ui_files()}
+    assert EXPECTED_WORKFLOWS <= names, f"missing UI workflows: {EXPECTED_WORKFLOWS - names}"
+    apis = {p.name[: -len(".api.json")] for p in api_files()}
+    assert names == apis, f"every workflow ships in both formats: UI only {names - apis}, API only {apis - names}"
+
+
+def test_our_signatures_are_read_from_the_schema(sigs):
+    """Guards the validator itself: if schema introspection broke, the checks below would be vacuous."""
+    dec = sigs["OmniVideoWanVAEDecode"]
+    assert [(i.name, i.type, i.required) for i in dec.inputs] == [
+        ("vae", "VAE", True), ("samples", "LATENT", True), ("fusion", "COMBO", True)]
+    assert set(dec.input("fusion").choices) >= {"auto", "triton", "torch", "off"}
+    assert dec.outputs == ["IMAGE"]
+    info = sigs["OmniVideoBackendInfo"]
+    assert info.inputs == [] and info.outputs == ["STRING"] and info.output_node
+
+
+@pytest.mark.parametrize("path", api_files(), ids=_rel)
+def test_api_workflow_is_valid(path, sigs):
+    errors = validate_api(load(path), sigs)
+    assert not errors, f"{_rel(path)}:\n  " + "\n  ".join(errors)
+
+
+@pytest.mark.parametrize("path", ui_files() + template_files(), ids=_rel)
+def test_ui_workflow_is_valid(path, sigs):
+    errors = validate_ui(load(path), sigs)
+    assert not errors, f"{_rel(path)}:\n  " + "\n  ".join(errors)
+
+
+@pytest.mark.parametrize("path", ui_files(), ids=_rel)
+def test_ui_and_api_describe_the_same_graph(path, sigs):
+    twin = api_twin(path)
+    assert twin is not None, f"{_rel(path)} has no API twin <name>.api.json under workflows/"
+    errors = compare_ui_api(load(path), load(twin), sigs)
+    assert not errors, f"{_rel(path)} vs {_rel(twin)}:\n  " + "\n  ".join(errors)
+
+
+def template_sync_errors(ui: list[Path], templates: list[Path]) -> list[str]:
+    errors = []
+    by_name = {p.name: p for p in ui}
+    if len(by_name) != len(ui):
+        errors.append("two UI workflows share a file name; example_workflows/ is flat")
+    for name in sorted(set(by_name) - {t.name for t in templates}):
+        errors.append(f"example_workflows/{name} missing (copy of {_rel(by_name[name])})")
+    for t in templates:
+        src = by_name.get(t.name)
+        if src is None:
+            errors.append(f"example_workflows/{t.name} has no source under workflows/")
+        elif src.read_bytes() != t.read_bytes():
+            errors.append(f"example_workflows/{t.name} differs from {_rel(src)}: copy it again "
+                          f"(cp {_rel(src)} example_workflows/)")
+    return errors
+
+
+def test_template_folder_mirrors_ui_workflows():
+    """example_workflows/ holds plain copies (not a symlink: symlinks break on Windows checkouts and in some
+    archives) of the UI workflows, and nothing else: ComfyUI lists every *.json there as a template."""
+    assert TEMPLATES.is_dir() and not TEMPLATES.is_symlink()
+    errors = template_sync_errors(ui_files(), template_files())
+    assert not errors, "\n".join(errors)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The validator must reject broken workflows (mutations of the two graphs built around our decode node)
+
+MUTATED = ("wan_vae_decode_only", "wan21_t2v_fused_decode")
+
+
+def _mutation_targets(files):
+    return [p for p in files if p.name.split(".")[0] in MUTATED]
+
+def _api_node(graph, class_type):
+    return next(nid for nid, n in graph.items() if n["class_type"] == class_type)
+
+
+def _ui_node(wf, class_type):
+    return next(n for n in wf["nodes"] if n["type"] == class_type)
+
+
+def _api_break_type(g):
+    g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"]["samples"] = [_api_node(g, "VAELoader"), 0]
+
+
+def _api_remove_output(g):
+    for nid in [k for k, n in g.items() if n["class_type"] in ("SaveVideo", "SaveImage")]:
+        del g[nid]
+
+
+API_BREAKS = {
+    "unknown class_type": (lambda g: g[_api_node(g, "VAELoader")].update(class_type="NoSuchNode"), "unknown class_type"),
+    "required input missing": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].pop("samples"),
+                               "required input missing"),
+    "illegal combo value": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(fusion="fastest"),
+                            "is not one of"),
+    "INT below min": (lambda g: g[_api_node(g, "EmptyHunyuanLatentVideo")]["inputs"].update(width=8), "< min"),
+    "FLOAT above max": (lambda g: g[_api_node(g, "CreateVideo")]["inputs"].update(fps=500.0), "> max"),
+    "wrong literal type": (lambda g: g[_api_node(g, "EmptyHunyuanLatentVideo")]["inputs"].update(length="33"),
+                           "INT expected"),
+    "link to missing node": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(samples=["999", 0]),
+                             "missing node"),
+    "link to missing slot": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(
+        vae=[_api_node(g, "VAELoader"), 3]), "outputs"),
+    "link type mismatch": (_api_break_type, "expects LATENT"),
+    "unknown input": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(fusoin="auto"),
+                      "unknown input"),
+    "socket given a literal": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(vae="wan.pt"),
+                               "must come from a link"),
+    "no output node": (_api_remove_output, "no output node"),
+}
+
+
+@pytest.mark.parametrize("path", _mutation_targets(api_files()), ids=_rel)
+@pytest.mark.parametrize("name", sorted(API_BREAKS))
+def test_broken_api_copy_is_rejected(path, name, sigs):
+    graph = copy.deepcopy(load(path))
+    assert not validate_api(graph, sigs)
+    mutate, expected = API_BREAKS[name]
+    mutate(graph)
+    errors = validate_api(graph, sigs)
+    assert any(expected in e for e in errors), f"{name}: validator said {errors}"
+
+
+def _ui_wrong_link_type(wf):
+    wf["links"][0][5] = "NOT_A_TYPE"
+
+
+def _ui_dangling_link(wf):
+    dec = _ui_node(wf, "OmniVideoWanVAEDecode")
+    lid = dec["inputs"][1]["link"]
+    wf["links"] = [link for link in wf["links"] if link[0] != lid]
+
+
+def _ui_swap_inputs(wf):
+    dec = _ui_node(wf, "OmniVideoWanVAEDecode")
+    dec["inputs"][0]["link"], dec["inputs"][1]["link"] = dec["inputs"][1]["link"], dec["inputs"][0]["link"]
+
+
+UI_BREAKS = {
+    "widgets_values too long": (lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode")["widgets_values"].append("x"),
+                                "widgets_values, expected"),
+    "illegal combo widget": (lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode").update(widgets_values=["fastest"]),
+                             "is not one of"),
+    "widget order swapped": (lambda wf: _ui_node(wf, "SaveVideo")["widgets_values"].reverse(), "is not one of"),
+    "INT widget out of range": (lambda wf: _ui_node(wf, "EmptyHunyuanLatentVideo")["widgets_values"].__setitem__(
+        0, 100000), "> max"),
+    "link type mismatch": (_ui_wrong_link_type, "type 'NOT_A_TYPE'"),
+    "dangling link": (_ui_dangling_link, "is not in links"),
+    "inputs swapped": (_ui_swap_inputs, "ends at node"),
+    "unknown node type": (lambda wf: _ui_node(wf, "CreateVideo").update(type="CreateVideoo"), "unknown node type"),
+    "wrong cnr_id": (lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode")["properties"].update(cnr_id="comfy-core"),
+                     "cnr_id"),
+    "wrong version": (lambda wf: wf.update(version=0.3), "version"),
+}
+
+
+@pytest.mark.parametrize("path", _mutation_targets(ui_files()), ids=_rel)
+@pytest.mark.parametrize("name", sorted(UI_BREAKS))
+def test_broken_ui_copy_is_rejected(path, name, sigs):
+    wf = copy.deepcopy(load(path))
+    assert not validate_ui(wf, sigs)
+    mutate, expected = UI_BREAKS[name]
+    mutate(wf)
+    errors = validate_ui(wf, sigs)
+    assert any(expected in e for e in errors), f"{name}: validator said {errors}"
+
+
+@pytest.mark.parametrize("path", _mutation_targets(ui_files()), ids=_rel)
+def test_ui_api_drift_is_rejected(path, sigs):
+    wf, api = copy.deepcopy(load(path)), load(api_twin(path))
+    _ui_node(wf, "EmptyHunyuanLatentVideo")["widgets_values"][0] += 16  # still a valid UI workflow on its own
+    assert not validate_ui(wf, sigs)
+    assert any("EmptyHunyuanLatentVideo" in e for e in compare_ui_api(wf, api, sigs))
+
+
+def test_stale_template_copy_is_rejected(tmp_path):
+    src = ui_files()[0]
+    stale = tmp_path / src.name
+    stale.write_text(src.read_text(encoding="utf-8").replace('"version": 0.4', '"version": 0.4 '), encoding="utf-8")
+    assert any("differs" in e for e in template_sync_errors(ui_files(), [stale]))
+    assert any("missing" in e for e in template_sync_errors(ui_files(), []))
