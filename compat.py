@@ -152,6 +152,11 @@ def model_file_list(folder: str) -> list[str]:
     return _folder_paths.get_filename_list(folder) if _folder_paths is not None else []
 
 
+def output_directory() -> str:
+    """ComfyUI's output folder (the current directory outside ComfyUI)."""
+    return _folder_paths.get_output_directory() if _folder_paths is not None else os.getcwd()
+
+
 def model_folder_roots(folder: str) -> list[str]:
     """The directories behind one of ComfyUI's model folder kinds (for folder-shaped models)."""
     return list(_folder_paths.get_folder_paths(folder)) if _folder_paths is not None else []

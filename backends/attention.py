@@ -11,7 +11,7 @@ import os
 import shutil
 
 from .platform import Platform
-from .registry import Impl, module_probe, register
+from .registry import Impl, module_probe, register, triton_probe
 
 OP = "attention"
 LASER_ENV = ("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
@@ -34,15 +34,6 @@ def _flex_probe(platform: Platform) -> str | None:
     if platform.name == "cpu" and not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
                                        or shutil.which("clang++")):
         return "flex_attention on CPU is compiled by inductor and needs a C++ compiler (none found)"
-    return None
-
-
-def _triton_probe(platform: Platform) -> str | None:
-    missing = module_probe("triton")(platform)
-    if missing:
-        return missing
-    if platform.name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton runs on CUDA (on CPU only under TRITON_INTERPRET=1, for tests)"
     return None
 
 
@@ -72,7 +63,7 @@ register(Impl(OP, "flex_block_sparse", ("cuda", "cpu"), ".kernels.attention_flex
               doc="RainFusion via compiled flex_attention + BlockMask.from_kv_blocks"),
          auto_rank=99)
 register(Impl(OP, "triton_block_sparse", ("cuda", "cpu"), ".kernels.attention_triton:triton_block_sparse",
-              _triton_probe, fallback="flex_block_sparse", exact=False,
+              triton_probe, fallback="flex_block_sparse", exact=False,
               doc="RainFusion via our Triton block-sparse kernel"),
          auto_rank=99)
 register(Impl(OP, "torch_block_sparse", _ALL, f"{_T}:block_sparse_gather", fallback="rainfusion_reference", exact=False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -125,6 +126,16 @@ def _logged_once(res: Resolution) -> Resolution:
         _logged.add(key)
         log.info("omnivideo %s: %s -> %s (%s)", res.impl.op, res.requested, res.name, res.reason)
     return res
+
+
+def triton_probe(platform: Platform) -> str | None:
+    """Probe for Triton kernels: CUDA, or the CPU interpreter (TRITON_INTERPRET=1, tests only)."""
+    missing = module_probe("triton")(platform)
+    if missing:
+        return missing
+    if platform.name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton runs on CUDA (on CPU only under TRITON_INTERPRET=1, for tests)"
+    return None
 
 
 def module_probe(module: str, attr: str | None = None) -> Probe:

@@ -27,11 +27,14 @@ def backend_report(platform: Platform | None = None) -> str:
         f"diffusers {_version('diffusers')}, transformers {_version('transformers')}",
     ]
     for op in ops():
-        try:
-            chosen = resolve(op, "auto", platform)
-            lines.append(f"{op}: auto -> {chosen.name} ({chosen.reason})")
-        except RuntimeError as exc:
-            lines.append(f"{op}: auto -> none ({exc})")
+        kinds = [True] + ([False] if any(not i.exact for i in implementations(op).values()) else [])
+        for exact in kinds:
+            label = "auto" if exact else "auto (approximate)"
+            try:
+                chosen = resolve(op, "auto", platform, exact=exact)
+                lines.append(f"{op}: {label} -> {chosen.name} ({chosen.reason})")
+            except RuntimeError as exc:
+                lines.append(f"{op}: {label} -> none ({exc})")
         for name, impl in implementations(op).items():
             why_not = impl.unusable_reason(platform)
             lines.append(f"  {name}: {'usable' if why_not is None else 'unusable - ' + why_not}")

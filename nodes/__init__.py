@@ -5,6 +5,8 @@ from __future__ import annotations
 from .attention import OmniVideoAttention, OmniVideoPatchModelAttention
 from .backend_info import OmniVideoBackendInfo
 from .h3 import NODES as H3_NODES
+from .omnidreams import NODES as OMNIDREAMS_NODES
+from .sampler import OmniVideoSampler
 from .wan_vae_decode import OmniVideoWanVAEDecode
 
 NODES = [
@@ -12,5 +14,7 @@ NODES = [
     OmniVideoWanVAEDecode,
     OmniVideoAttention,
     OmniVideoPatchModelAttention,
+    OmniVideoSampler,
+    *OMNIDREAMS_NODES,
     *H3_NODES,
 ]

@@ -111,6 +111,8 @@ CORE_NODES: dict[str, Sig] = {
     "LoadLatent": Sig([In("latent", "COMBO", choices=FILE_LIST)], ["LATENT"]),
     # the UI stores a second widget value for the upload button ("image"); the API has no such input
     "LoadImage": Sig([In("image", "COMBO", choices=FILE_LIST), _opt("upload", "IMAGEUPLOAD")], ["IMAGE", "MASK"]),
+    "LoadVideo": Sig([In("file", "COMBO", choices=FILE_LIST), _opt("upload", "IMAGEUPLOAD")], ["VIDEO"]),
+    "GetVideoComponents": Sig([In("video", "VIDEO")], ["IMAGE", "AUDIO", "FLOAT"]),
 }
 
 
@@ -419,7 +421,9 @@ def ui_to_api_inputs(wf, sigs) -> dict[str, tuple[str, dict]]:
         sig = sigs[n["type"]]
         inputs, values = {}, list(n.get("widgets_values", []))
         for w in sig.widgets:
-            inputs[w.name] = values.pop(0)
+            value = values.pop(0)
+            if w.type != "IMAGEUPLOAD":  # the upload button's value never reaches the prompt
+                inputs[w.name] = value
             if w.control_after_generate:
                 values.pop(0)
         for entry in n.get("inputs", []):

@@ -1,0 +1,160 @@
+"""Load an OmniDreams checkpoint (.pt / .safetensors): read safely, fuse, validate strictly, build.
+
+The released file is a flat `torch.save` dict (bf16, 570 keys, optional `net.` prefix). It is read
+with `weights_only=True` so a pickle carrying code is refused, never executed. Two load-time
+fusions turn the stored layout into the one `OmniDreamsDiT` runs:
+- `x_embedder.proj.1.weight` [C, 72] -> [C, 68]: the last 4 columns multiply a padding-mask
+  channel that is always zero at inference, so dropping them changes no output;
+- `final_layer.linear.weight` rows (kt kh kw c) -> (c kt kh kw), so unpatchify is patchify's inverse.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+
+import torch
+
+from .omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PREFIX = "net."
+_LIST_LIMIT = 12  # keys named per category in an error message
+
+
+class CheckpointError(ValueError):
+    """The file is not a usable OmniDreams checkpoint; the message says what and what to do."""
+
+
+def read_state_dict(path: str) -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors or torch.save file, without executing any pickled code."""
+    name = os.path.basename(path)
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        sd = load_file(path, device="cpu")
+    else:
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as err:
+            raise CheckpointError(
+                f"{name}: refused to load. The file holds Python objects other than tensors (a pickle that "
+                f"could run code), so it was not unpickled. Use the released .pt or a .safetensors "
+                f"file. Details: {str(err).splitlines()[0]}") from None
+        except RuntimeError as err:
+            if "mmap" not in str(err):
+                raise
+            # legacy (non-zip) torch.save files cannot be memory-mapped; still weights_only
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{name}: expected a flat dict of tensors, found {type(sd).__name__}"
+                              f"{' with non-tensor values' if isinstance(sd, dict) else ''}.")
+    if any(k.startswith(PREFIX) for k in sd):
+        sd = {(k[len(PREFIX):] if k.startswith(PREFIX) else k): v for k, v in sd.items()}
+    return sd
+
+
+def _shape(sd, key, name) -> tuple[int, ...]:
+    if key not in sd:
+        raise CheckpointError(f"{name}: key '{key}' is missing, so the model size cannot be inferred. "
+                              f"This does not look like an OmniDreams (Cosmos-Predict2.5) DiT checkpoint.")
+    return tuple(sd[key].shape)
+
+
+def infer_config(sd: dict[str, torch.Tensor], name: str = "checkpoint") -> OmniDreamsConfig:
+    """Model size from tensor shapes (accepts stored or fused layouts)."""
+    dim = _shape(sd, "x_embedder.proj.1.weight", name)[0]
+    blocks = {int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
+    if not blocks:
+        raise CheckpointError(f"{name}: no 'blocks.N.*' keys found.")
+    head_dim = _shape(sd, "blocks.0.self_attn.q_norm.weight", name)[0]
+    if dim % head_dim:
+        raise CheckpointError(f"{name}: model_channels {dim} is not a multiple of head dim {head_dim}.")
+    in_ch = 16
+    out_features = _shape(sd, "final_layer.linear.weight", name)[0]
+    if out_features % in_ch or int(round((out_features // in_ch) ** 0.5)) ** 2 != out_features // in_ch:
+        raise CheckpointError(f"{name}: final_layer.linear.weight has {out_features} rows; expected 16 latent "
+                              f"channels x a square spatial patch (64 for patch 2).")
+    patch = int(round((out_features // in_ch) ** 0.5))
+    text_dim, text_in = _shape(sd, "crossattn_proj.0.weight", name)
+    hd_in = _shape(sd, "additional_patch_embedding.proj.1.weight", name)[1]
+    return OmniDreamsConfig(
+        model_channels=dim, num_blocks=max(blocks) + 1, num_heads=dim // head_dim,
+        mlp_hidden=_shape(sd, "blocks.0.mlp.layer1.weight", name)[0],
+        adaln_lora_dim=_shape(sd, "blocks.0.adaln_modulation_self_attn.1.weight", name)[0],
+        in_channels=in_ch, out_channels=in_ch, patch_spatial=patch, patch_temporal=1,
+        hdmap_channels=hd_in // (patch * patch), text_in_dim=text_in, text_dim=text_dim)
+
+
+def final_rows_to_model(w: torch.Tensor, cfg: OmniDreamsConfig) -> torch.Tensor:
+    """Stored (kt kh kw c) rows -> (c kt kh kw)."""
+    pt, p, c = cfg.patch_temporal, cfg.patch_spatial, cfg.out_channels
+    return w.reshape(pt, p, p, c, -1).permute(3, 0, 1, 2, 4).reshape(w.shape)
+
+
+def final_rows_to_storage(w: torch.Tensor, cfg: OmniDreamsConfig) -> torch.Tensor:
+    """Inverse of `final_rows_to_model` (for writing checkpoints in the released layout)."""
+    pt, p, c = cfg.patch_temporal, cfg.patch_spatial, cfg.out_channels
+    return w.reshape(c, pt, p, p, -1).permute(1, 2, 3, 0, 4).reshape(w.shape)
+
+
+def fuse_state_dict(sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig, name: str = "checkpoint") -> dict:
+    """Stored layout -> model layout (a new dict; tensors not touched are shared)."""
+    out = dict(sd)
+    w = sd["x_embedder.proj.1.weight"]
+    padded = cfg.x_embed_in + cfg.patch_volume  # + the padding-mask channel's patch
+    if w.shape[1] == padded:
+        out["x_embedder.proj.1.weight"] = w[:, :cfg.x_embed_in]
+    elif w.shape[1] != cfg.x_embed_in:
+        raise CheckpointError(f"{name}: x_embedder.proj.1.weight has {w.shape[1]} input columns; expected "
+                              f"{padded} (latent + condition mask + padding mask) or {cfg.x_embed_in}.")
+    out["final_layer.linear.weight"] = final_rows_to_model(sd["final_layer.linear.weight"], cfg)
+    return out
+
+
+def validate_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module, name: str = "checkpoint") -> None:
+    """Every key present, nothing extra, every shape right; otherwise one error naming them."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    wrong = sorted(f"{k} {tuple(sd[k].shape)} (expected {expected[k]})"
+                   for k in set(expected) & set(sd) if tuple(sd[k].shape) != expected[k])
+    if not (missing or unexpected or wrong):
+        return
+
+    def listing(title, items):
+        shown = ", ".join(items[:_LIST_LIMIT]) + (f", ... (+{len(items) - _LIST_LIMIT} more)"
+                                                   if len(items) > _LIST_LIMIT else "")
+        return f"\n  {title} ({len(items)}): {shown}" if items else ""
+
+    raise CheckpointError(
+        f"{name} does not match the OmniDreams DiT inferred from its shapes "
+        f"({len(expected)} keys expected, {len(sd)} found):"
+        + listing("missing", missing) + listing("unexpected", unexpected) + listing("wrong shape", wrong)
+        + "\nUse the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused.")
+
+
+def build_model(sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+                name: str = "checkpoint") -> OmniDreamsDiT:
+    """Stored-layout state dict -> an eval-mode DiT on `device` in `dtype`."""
+    cfg = infer_config(sd, name)
+    fused = fuse_state_dict(sd, cfg, name)
+    with torch.device("meta"):
+        model = OmniDreamsDiT(cfg)
+    validate_state_dict(fused, model, name)
+    fused = {k: v.to(device=device, dtype=dtype) for k, v in fused.items()}
+    model.load_state_dict(fused, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def load_omnidreams(path: str, dtype: torch.dtype, device: torch.device) -> OmniDreamsDiT:
+    return build_model(read_state_dict(path), dtype, device, os.path.basename(path))
+
+
+def resolve_dtype(choice: str, device: torch.device) -> torch.dtype:
+    """'auto' = bf16 (the released precision) on accelerators, fp32 on CPU where bf16 matmuls are slow."""
+    if choice == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if choice not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {choice!r}")
+    return DTYPES[choice]

@@ -1,0 +1,91 @@
+"""Cosmos-Reason1 (Qwen2.5-VL) text encoding for OmniDreams, "full_concat" variant.
+
+Chat template (system + user prompt, no generation prompt) -> pad/truncate to 512 tokens with
+`pad_token_id or 0` -> the LM run WITHOUT an attention mask (the reference does so; a mask shifts
+the padding tokens' states, which the DiT attends to) -> every layer's hidden states but the
+embedding output, each normalised per token with the unbiased std -> concatenated:
+[1, 512, layers * hidden] = [1, 512, 28 * 3584 = 100352] for the 7B encoder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
+MAX_TOKENS = 512
+EMBEDDING_KEY = "omnidreams_text_embedding"
+EMBEDDING_FORMAT = "omnidreams_full_concat"
+
+
+@dataclass
+class TextEncoder:
+    model: torch.nn.Module  # Qwen2_5_VLForConditionalGeneration (or its language model)
+    tokenizer: object
+    path: str
+
+
+def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> TextEncoder:
+    """A local Cosmos-Reason1 / Qwen2.5-VL folder (config.json, weights, tokenizer); never the network."""
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise FileNotFoundError(f"{folder} has no config.json: point the loader at a Cosmos-Reason1 (Qwen2.5-VL) "
+                                f"folder under models/text_encoders/")
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    return TextEncoder(model.to(device).eval().requires_grad_(False), tokenizer, folder)
+
+
+def prompt_token_ids(tokenizer, prompt: str, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return torch.tensor([ids + [pad] * (max_tokens - len(ids))], dtype=torch.long)
+
+
+def normalize_per_token(h: torch.Tensor) -> torch.Tensor:
+    """(h - mean) / (std + 1e-8) over the hidden dim, unbiased std, in float32."""
+    h = h.float()
+    return (h - h.mean(dim=-1, keepdim=True)) / (h.std(dim=-1, keepdim=True, unbiased=True) + 1e-8)
+
+
+@torch.no_grad()
+def encode_prompt(encoder: TextEncoder, prompt: str) -> torch.Tensor:
+    """-> [1, 512, num_layers * hidden] float32 on CPU."""
+    model = encoder.model
+    ids = prompt_token_ids(encoder.tokenizer, prompt).to(model.device)
+    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)  # no attention_mask, on purpose
+    states = out.hidden_states[1:]  # drop the embedding output: layers 1..L
+    return torch.cat([normalize_per_token(h) for h in states], dim=-1).cpu()
+
+
+def save_embedding(path: str, embedding: torch.Tensor, prompt: str) -> str:
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    save_file({EMBEDDING_KEY: embedding.detach().float().contiguous().cpu()}, path,
+              metadata={"format": EMBEDDING_FORMAT, "prompt": prompt})
+    return path
+
+
+def load_embedding(path: str) -> torch.Tensor:
+    """A precomputed embedding from `save_embedding` (or any file with that one key) -> [1, 512, D]."""
+    from safetensors import safe_open
+
+    name = os.path.basename(path)
+    with safe_open(path, framework="pt") as f:
+        keys = list(f.keys())
+        if EMBEDDING_KEY not in keys:
+            raise ValueError(f"{name} holds no '{EMBEDDING_KEY}' tensor (keys: {', '.join(keys[:5])}"
+                             f"{', ...' if len(keys) > 5 else ''}). Make it with the OmniDreams Text Encode node's "
+                             f"save option.")
+        emb = f.get_tensor(EMBEDDING_KEY)
+    if emb.dim() == 2:
+        emb = emb[None]
+    if emb.dim() != 3 or emb.shape[0] != 1 or emb.shape[1] != MAX_TOKENS:
+        raise ValueError(f"{name}: embedding has shape {tuple(emb.shape)}, expected [1, {MAX_TOKENS}, D]")
+    return emb.float()

@@ -1,0 +1,275 @@
+"""OmniDreams image-to-video: the released 2-step AR schedule, the rollout with a rolling KV
+cache and the clean first-frame context write, and the VAE-side conditioning helpers.
+
+Per chunk k (pin = k == 0), with one seeded generator and three draws in this order:
+    x  = randn;                       x0 = x - 1.0 * F(x, 1000)
+    x  = 0.19643 x0 + 0.80357 randn;  x0 = x - 0.80357 * F(x, 803.57);  pin x0
+    xc = 0.87007 x0 + 0.12993 randn;  pin xc  <- BEFORE the K/V write;   F(xc, 128) -> cache only
+F pins frame 0 of chunk 0 to the clean first-frame latent before running the DiT. Skipping the
+pin before the context call would cache noise-corrupted frame-0 K/V that every later chunk
+attends to: the video sharpens at frame 0 and blurs afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import compat
+from ..models.omnidreams_dit import OmniDreamsDiT
+from .kv_cache import RollingKVCache
+
+# Wan 2.1 latent normalisation (= ComfyUI's Wan21 latent format): model latent = (mu - mean) / std
+LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+               0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
+LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+              3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+VAE_SPATIAL, VAE_TEMPORAL = 8, 4
+DEFAULT_STEPS = 2
+NUM_TRAIN_TIMESTEPS, SHIFT = 1000, 5.0
+
+
+def _stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (1, len(LATENT_MEAN), 1, 1, 1)
+    mean = torch.tensor(LATENT_MEAN, device=x.device).view(shape)
+    return mean, torch.tensor(LATENT_STD, device=x.device).view(shape)
+
+
+def normalize_latent(mu: torch.Tensor) -> torch.Tensor:
+    mean, std = _stats(mu)
+    return (mu.float() - mean) / std
+
+
+def denormalize_latent(x: torch.Tensor) -> torch.Tensor:
+    mean, std = _stats(x)
+    return x.float() * std + mean
+
+
+# ---------------------------------------------------------------------------- schedule
+
+
+def sigma_table() -> torch.Tensor:
+    """sigma_i = warp(s_i), s = linspace(1, 0, 1001)[:-1], warp(s) = 5s / (1 + 4s) (float64)."""
+    s = torch.linspace(1.0, 0.0, NUM_TRAIN_TIMESTEPS + 1, dtype=torch.float64)[:-1]
+    return SHIFT * s / (1.0 + (SHIFT - 1.0) * s)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    sigmas: tuple[float, ...]  # denoising sigmas, one per call
+    timesteps: tuple[float, ...]  # network timesteps = 1000 sigma (the DiT casts them to bf16)
+    context_t: float  # what the network receives for the context refresh
+    context_index: int
+    context_sigma: float  # the table sigma t snaps to
+
+
+def released_schedule(denoise: tuple[int, ...] = (1000, 450), context_t: float = 128.0) -> Schedule:
+    table = sigma_table()
+    index = [NUM_TRAIN_TIMESTEPS - int(t) for t in denoise]
+    if any(not 0 <= i < NUM_TRAIN_TIMESTEPS for i in index):
+        raise ValueError(f"denoising timesteps must lie in (0, 1000], got {denoise}")
+    sigmas = tuple(float(table[i]) for i in index)
+    ctx = int(torch.argmin((table * NUM_TRAIN_TIMESTEPS - context_t).abs()))
+    return Schedule(sigmas, tuple(NUM_TRAIN_TIMESTEPS * s for s in sigmas), float(context_t), ctx, float(table[ctx]))
+
+
+@dataclass(frozen=True)
+class ARSettings:
+    len_t: int = 2  # latent frames per chunk
+    window_frames: int = 6  # latent frames the cache keeps (sink included)
+    sink_frames: int = 0  # leading latent frames that never leave the window
+    denoise: tuple[int, ...] = (1000, 450)
+    context_t: float = 128.0
+
+    def slots(self) -> tuple[int, int]:
+        """(sink chunks, rolling window chunks)."""
+        for name, value in (("window_frames", self.window_frames), ("sink_frames", self.sink_frames)):
+            if value % self.len_t:
+                raise ValueError(f"{name}={value} must be a multiple of the chunk length {self.len_t}")
+        if not 0 <= self.sink_frames < self.window_frames:
+            raise ValueError(f"sink_frames={self.sink_frames} must be in [0, window_frames={self.window_frames})")
+        return self.sink_frames // self.len_t, (self.window_frames - self.sink_frames) // self.len_t
+
+
+def num_chunks_for_frames(frames: int) -> int:
+    """Smallest N whose 1 + (2N - 1) * 4 = 8N - 3 pixel frames cover `frames`."""
+    return max(1, math.ceil((frames + 3) / 8))
+
+
+def pixel_frames(num_chunks: int, len_t: int = 2) -> int:
+    return 1 + (len_t * num_chunks - 1) * VAE_TEMPORAL
+
+
+# ---------------------------------------------------------------------------- rollout
+
+
+def _pin(x: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+    return x * (1 - inject) + image * inject
+
+
+@torch.no_grad()
+def rollout(model: OmniDreamsDiT, text: torch.Tensor, *, num_chunks: int, latent_hw: tuple[int, int],
+            seed: int, first_frame: torch.Tensor | None = None, hdmap: torch.Tensor | None = None,
+            settings: ARSettings = ARSettings(), attention_config: dict | None = None,
+            progress=None, cache_factory: Callable[..., object] | None = None,
+            observer: Callable[[int, object], None] | None = None,
+            reinject_context: bool = True) -> torch.Tensor:
+    """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
+
+    first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
+    hdmap: normalised HD-map latent [1,16,>=len_t*N,h,w] (None: zeros).
+    cache_factory/observer: test hooks (a reference cache; a look at the cache after each chunk).
+    reinject_context=False reproduces the known port bug (for the regression test only).
+    """
+    cfg, dev = model.config, model.device
+    h, w = latent_hw
+    lt = settings.len_t
+    sink, window = settings.slots()
+    sched = released_schedule(settings.denoise, settings.context_t)
+    p = cfg.patch_spatial
+    chunk_tokens = lt // cfg.patch_temporal * (h // p) * (w // p)
+    make_cache = cache_factory or RollingKVCache
+    cache = make_cache(num_blocks=cfg.num_blocks, chunk_tokens=chunk_tokens, window_chunks=window, sink_chunks=sink,
+                       heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=model.dtype, device=dev)
+    gen = torch.Generator("cpu").manual_seed(int(seed))
+    shape = (1, cfg.in_channels, lt, h, w)
+
+    def randn() -> torch.Tensor:  # drawn on CPU: the same noise on every device
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
+
+    image = inject = None
+    if first_frame is not None:
+        image = torch.zeros(shape, device=dev)
+        image[:, :, :1] = first_frame.to(dev, torch.float32)
+        inject = torch.zeros((1, 1, lt, h, w), device=dev)
+        inject[:, :, 0] = 1.0
+    cross = model.cross_kv(text)
+    out = torch.empty((1, cfg.out_channels, lt * num_chunks, h, w), dtype=torch.float32, device=dev)
+    try:
+        for k in range(num_chunks):
+            pin = k == 0 and image is not None
+            hd = hdmap[:, :, k * lt:(k + 1) * lt].to(dev) if hdmap is not None else None
+            cache.begin_chunk()
+
+            def dit(x: torch.Tensor, t: float) -> torch.Tensor:
+                compat.check_interrupt()
+                return model(x, t, cross, cond_mask=inject if pin else None, hdmap=hd, t_offset=k * lt,
+                             kv_cache=cache, attention_config=attention_config)
+
+            x = randn()  # draw 1
+            x0 = None
+            for i, (sigma, t) in enumerate(zip(sched.sigmas, sched.timesteps)):
+                if i:
+                    x = (1 - sigma) * x0 + sigma * randn()  # draw 2: re-noise to the next sigma
+                if pin:
+                    x = _pin(x, image, inject)
+                x0 = x - sigma * dit(x, t)
+            if pin:
+                x0 = _pin(x0, image, inject)  # clean first-frame latent back in
+            xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * randn()  # draw 3: context noise
+            if pin and reinject_context:
+                xc = _pin(xc, image, inject)  # before the K/V write: the cache must hold clean frame 0
+            dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
+            out[:, :, k * lt:(k + 1) * lt] = x0
+            if observer is not None:
+                observer(k, cache)
+            if progress is not None:
+                progress.update(1)
+    finally:
+        cache.free()  # also on interrupt: the window is GBs at 704x1280
+        del cross
+    return out
+
+
+# ---------------------------------------------------------------------------- conditioning
+
+
+def _resize(images: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """IMAGE [T,H,W,C] in [0,1] -> [T,height,width,3], resized without cropping."""
+    x = images[..., :3].movedim(-1, 1).float()
+    if x.shape[-2:] != (height, width):
+        x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+    return x.clamp(0, 1).movedim(1, -1)
+
+
+def check_size(width: int, height: int) -> None:
+    unit = VAE_SPATIAL * 2  # VAE 8x, then the DiT's 2x2 patch
+    if width % unit or height % unit or width <= 0 or height <= 0:
+        raise ValueError(f"width and height must be positive multiples of {unit}; got {width}x{height}")
+
+
+def _vae_encode(vae, pixels: torch.Tensor) -> torch.Tensor:
+    """ComfyUI's VAE.encode: IMAGE in [0,1] (it scales to [-1,1] itself) -> raw posterior mean."""
+    mu = vae.encode(pixels)
+    if mu.dim() != 5 or mu.shape[1] != len(LATENT_MEAN):
+        raise ValueError(f"the VAE returned a latent of shape {tuple(mu.shape)}; OmniDreams needs the Wan 2.1 VAE "
+                         f"(16 latent channels, e.g. wan_2.1_vae.safetensors)")
+    return mu
+
+
+def encode_first_frame(vae, image: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """First IMAGE frame -> normalised latent [1,16,1,height/8,width/8]."""
+    check_size(width, height)
+    return normalize_latent(_vae_encode(vae, _resize(image[:1], width, height))[:, :, :1])
+
+
+def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """HD-map video -> normalised latent [1,16,1+(F-1)//4,h,w] in one causal pass.
+
+    Latent frames 2k, 2k+1 belong to chunk k: pixel frames [0,5) for chunk 0, then 8 per chunk.
+    Trailing frames beyond the last 1+4m boundary are dropped.
+    """
+    check_size(width, height)
+    usable = 1 + (frames.shape[0] - 1) // VAE_TEMPORAL * VAE_TEMPORAL
+    return normalize_latent(_vae_encode(vae, _resize(frames[:usable], width, height)))
+
+
+# ---------------------------------------------------------------------------- sampler entry
+
+
+def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int,
+           progress=None) -> dict:
+    """OmniVideo Sampler entry for family 'omnidreams'. Returns a LATENT dict in raw Wan 2.1 space.
+
+    frames: pixel frames wanted; rounded up to 8N - 3 (N chunks of 2 latent frames).
+    steps: 0 or 2 (the distilled schedule). width/height: used when no first frame fixes the size.
+    progress: a callable total -> object with update(n) (compat.ProgressBar).
+    """
+    if steps not in (0, DEFAULT_STEPS):
+        raise ValueError(f"OmniDreams is distilled for {DEFAULT_STEPS} steps; set steps to 0 (default) or 2, "
+                         f"not {steps}")
+    dit = model.transformer
+    extras = conditioning.extras
+    first = extras.get("first_frame")
+    if first is not None:
+        h, w = first.shape[-2:]
+    else:
+        check_size(width, height)
+        h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
+        compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
+    settings = ARSettings(**model.extras.get("ar", {}))
+    n = num_chunks_for_frames(frames)
+    if pixel_frames(n, settings.len_t) != frames:
+        compat.log.info("OmniDreams: %d frames rounded up to %d (%d chunks)", frames,
+                        pixel_frames(n, settings.len_t), n)
+    text = conditioning.text
+    if text.dim() != 3 or text.shape[-1] != dit.config.text_in_dim:
+        raise ValueError(f"text embedding has shape {tuple(text.shape)}; this model needs [1, 512, "
+                         f"{dit.config.text_in_dim}] (Cosmos-Reason1 full_concat)")
+    hdmap = extras.get("hdmap")
+    if hdmap is not None:
+        need = settings.len_t * n
+        if tuple(hdmap.shape[-2:]) != (h, w) or hdmap.shape[2] < need:
+            raise ValueError(f"HD-map latent {tuple(hdmap.shape)} does not cover {need} latent frames at "
+                             f"{h}x{w}: give at least {pixel_frames(n, settings.len_t)} HD-map frames at "
+                             f"{w * VAE_SPATIAL}x{h * VAE_SPATIAL}")
+    bar = progress(n) if progress is not None else None
+    z = rollout(dit, text, num_chunks=n, latent_hw=(h, w), seed=seed, first_frame=first, hdmap=hdmap,
+                settings=settings, attention_config=model.attention, progress=bar)
+    z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
+    compat.free_memory()
+    return {"samples": z}

@@ -1,0 +1,121 @@
+"""OmniDreams nodes and the shared OmniVideo Sampler node, end to end on a tiny checkpoint with a
+stand-in for ComfyUI's VAE object."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omnidreams_tiny import TINY, stored_state_dict
+
+from omnivideo.models.handles import OmniVideoConditioning
+from omnivideo.models.omnidreams_text import save_embedding
+from omnivideo.nodes import omnidreams as nodes
+from omnivideo.nodes.sampler import OmniVideoSampler, sampler_for
+from omnivideo.pipelines import omnidreams as pipe
+
+
+class StandInWanVAE:
+    """Behaves like comfy.sd.VAE for Wan 2.1: IMAGE [T,H,W,3] in [0,1] in, scaled to [-1,1] inside,
+    raw latent (posterior mean) [1,16,1+(T-1)//4,H/8,W/8] out. The mean is a fixed function of
+    the pixels so tests can predict it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def encode(self, pixels):
+        self.calls.append(pixels.clone())
+        x = pixels.movedim(-1, 0)[None] * 2 - 1  # [1,3,T,H,W] in [-1,1]
+        t = 1 + (x.shape[2] - 1) // 4
+        pooled = torch.nn.functional.avg_pool3d(x[:, :, :1 + (t - 1) * 4], (1, 8, 8))
+        frames = torch.cat([pooled[:, :, :1], pooled[:, :, 1:].unflatten(2, (t - 1, 4)).mean(3)], 2)
+        return torch.cat([frames] * 6, 1)[:, :16] * 0.5 + 0.25
+
+
+def _conditioning(dim=TINY.text_in_dim):
+    return OmniVideoConditioning("omnidreams", torch.randn(1, 512, dim, generator=torch.Generator().manual_seed(0)))
+
+
+def test_encode_first_frame_resizes_encodes_and_normalises():
+    vae = StandInWanVAE()
+    image = torch.rand(2, 40, 50, 3)  # a batch: only the first image is used
+    cond = nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), vae, image, width=64, height=32)[0]
+    pixels = vae.calls[0]
+    assert pixels.shape == (1, 32, 64, 3) and pixels.min() >= 0 and pixels.max() <= 1  # [0,1]: the VAE scales
+    latent = cond.extras["first_frame"]
+    assert latent.shape == (1, 16, 1, 4, 8)
+    mean = torch.tensor(pipe.LATENT_MEAN).view(1, 16, 1, 1, 1)
+    std = torch.tensor(pipe.LATENT_STD).view(1, 16, 1, 1, 1)
+    torch.testing.assert_close(latent, (vae.encode(pixels) - mean) / std)
+
+
+def test_encode_hdmap_one_causal_pass_and_frame_trim():
+    vae = StandInWanVAE()
+    frames = torch.rand(15, 32, 32, 3)  # 13 usable (1 + 3*4), the last 2 dropped
+    cond = nodes.OmniDreamsEncodeHDMap.execute(_conditioning(), vae, frames, width=32, height=32)[0]
+    assert len(vae.calls) == 1 and vae.calls[0].shape[0] == 13
+    assert cond.extras["hdmap"].shape == (1, 16, 4, 4, 4)
+
+
+def test_wrong_vae_is_explained():
+    class ImageVAE:
+        def encode(self, pixels):
+            return torch.zeros(1, 4, 1, 4, 4)
+
+    with pytest.raises(ValueError, match="Wan 2.1 VAE"):
+        nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), ImageVAE(), torch.rand(1, 32, 32, 3), 32, 32)
+
+
+def test_validate_inputs():
+    assert nodes.OmniDreamsEncodeFirstFrame.validate_inputs(width=1280, height=704) is True
+    assert "multiples of 16" in nodes.OmniDreamsEncodeFirstFrame.validate_inputs(width=1280, height=700)
+    assert "multiple of the chunk" in nodes.OmniDreamsModelLoader.validate_inputs(window_frames=5, sink_frames=0)
+    assert OmniVideoSampler.validate_inputs(frames=0) != True  # noqa: E712
+
+
+def test_load_text_embedding_node(tmp_path):
+    emb = torch.randn(1, 512, 12)
+    path = save_embedding(str(tmp_path / "prompt.safetensors"), emb, "p")
+    cond = nodes.OmniDreamsLoadTextEmbedding.execute(path)[0]
+    assert cond.family == "omnidreams"
+    torch.testing.assert_close(cond.text, emb)
+
+
+def test_loader_encode_sample_pipeline(tmp_path):
+    path = tmp_path / "omnidreams_tiny.pt"
+    torch.save(stored_state_dict(TINY, seed=2), path)
+    model = nodes.OmniDreamsModelLoader.execute(str(path), dtype="fp32", window_frames=4, sink_frames=0)[0]
+    assert model.family == "omnidreams" and model.extras["ar"] == {"window_frames": 4, "sink_frames": 0}
+    vae = StandInWanVAE()
+    cond = nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), vae, torch.rand(1, 32, 48, 3), 48, 32)[0]
+    cond = nodes.OmniDreamsEncodeHDMap.execute(cond, vae, torch.rand(13, 32, 48, 3), 48, 32)[0]
+    latent = OmniVideoSampler.execute(model, cond, seed=1, frames=13, steps=0, width=1280, height=704)[0]
+    z = latent["samples"]
+    assert z.shape == (1, 16, 4, 4, 6) and torch.isfinite(z).all()
+    mean = torch.tensor(pipe.LATENT_MEAN).view(1, 16, 1, 1, 1)
+    std = torch.tensor(pipe.LATENT_STD).view(1, 16, 1, 1, 1)
+    torch.testing.assert_close(z[:, :, :1], cond.extras["first_frame"] * std + mean)  # raw Wan space
+
+
+def test_sampler_dispatch_and_family_mismatch():
+    assert sampler_for("omnidreams") is pipe.sample
+    with pytest.raises(ValueError, match="no sampler"):
+        sampler_for("sd15")
+
+    class Model:
+        family = "h3"
+
+    with pytest.raises(ValueError, match="conditioning was made for omnidreams"):
+        OmniVideoSampler.execute(Model(), _conditioning(), seed=0, frames=5)
+
+
+def test_node_schemas():
+    ids = [n.define_schema().node_id for n in (*nodes.NODES, OmniVideoSampler)]
+    assert ids == ["OmniDreamsModelLoader", "OmniDreamsTextEncoderLoader", "OmniDreamsTextEncode",
+                   "OmniDreamsLoadTextEmbedding", "OmniDreamsEncodeFirstFrame", "OmniDreamsEncodeHDMap",
+                   "OmniVideoSampler"]
+    assert "zeros" in nodes.OmniDreamsEncodeHDMap.define_schema().description
+
+
+def test_text_encode_rejects_another_familys_encoder():
+    with pytest.raises(ValueError, match="Cosmos-Reason1"):
+        nodes.OmniDreamsTextEncode.execute(object(), "a prompt")

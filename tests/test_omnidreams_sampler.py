@@ -1,0 +1,304 @@
+"""OmniDreams AR rollout: the clean first-frame context write (regression test for the known
+blur bug), the rolling KV cache against an explicit-window reference, RoPE time offsets,
+determinism and the sampler entry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omnidreams_tiny import TINY, stored_state_dict
+
+from omnivideo.models import omnidreams_dit
+from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
+from omnivideo.models.omnidreams_loader import build_model
+from omnivideo.pipelines import omnidreams as pipe
+from omnivideo.pipelines.kv_cache import RollingKVCache
+
+H, W = 4, 6  # latent size: 2x3 tokens per frame with the 2x2 patch
+FRAME_TOKENS = (H // 2) * (W // 2)
+CHUNK_TOKENS = 2 * FRAME_TOKENS
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return build_model(stored_state_dict(TINY, seed=1), torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def text():
+    return torch.randn(1, 16, TINY.text_in_dim, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def first_frame():
+    return torch.randn(1, 16, 1, H, W, generator=torch.Generator().manual_seed(4))
+
+
+def _rollout(model, text, first_frame=None, num_chunks=1, seed=42, **kw):
+    return pipe.rollout(model, text, num_chunks=num_chunks, latent_hw=(H, W), seed=seed, first_frame=first_frame, **kw)
+
+
+# ------------------------------------------------------------------ the clean context write
+
+
+class _Recorder:
+    """Cache stand-in that keeps what each block wrote and attends to this chunk only."""
+
+    def __init__(self):
+        self.kv = {}
+
+    def update(self, block, k, v):
+        self.kv[block] = (k.clone(), v.clone())
+        return k, v
+
+
+def _frame0_kv(model, text, x, mask):
+    rec = _Recorder()
+    model(x, 128.0, model.cross_kv(text), cond_mask=mask, t_offset=0, kv_cache=rec)
+    return [(k[:, :FRAME_TOKENS], v[:, :FRAME_TOKENS]) for k, v in (rec.kv[b] for b in range(TINY.num_blocks))]
+
+
+def context_write_check(model, text, first_frame, seed=42, **rollout_kw):
+    """Run chunk 0 and compare the cached frame-0 K/V of every block with K/V recomputed
+    independently from the clean-injected and from the noisy context latent.
+    Returns (max |cached - clean|, min over blocks of max |cached - noisy|)."""
+    cached = {}
+
+    def observe(k, cache):
+        if k == 0:
+            cached.update({b: tuple(t[:, :FRAME_TOKENS].clone() for t in cache.slot_kv(b, 0))
+                           for b in range(TINY.num_blocks)})
+
+    x0 = _rollout(model, text, first_frame, seed=seed, observer=observe, **rollout_kw)
+    # replay the generator: draws 1, 2, 3 of chunk 0; the third is the context noise
+    gen = torch.Generator("cpu").manual_seed(seed)
+    noise = [torch.randn(1, 16, 2, H, W, generator=gen) for _ in range(3)][2]
+    sched = pipe.released_schedule()
+    noisy = (1 - sched.context_sigma) * x0 + sched.context_sigma * noise
+    clean = noisy.clone()
+    clean[:, :, 0] = first_frame[:, :, 0]
+    mask = torch.zeros(1, 1, 2, H, W)
+    mask[:, :, 0] = 1
+    kv_clean, kv_noisy = _frame0_kv(model, text, clean, mask), _frame0_kv(model, text, noisy, mask)
+    to_clean = max(float((c - r).abs().max()) for b in range(TINY.num_blocks)
+                   for c, r in zip(cached[b], kv_clean[b]))
+    to_noisy = min(max(float((c - r).abs().max()) for c, r in zip(cached[b], kv_noisy[b]))
+                   for b in range(TINY.num_blocks))
+    return to_clean, to_noisy
+
+
+def test_cached_frame0_kv_come_from_the_clean_context_latent(model, text, first_frame):
+    to_clean, to_noisy = context_write_check(model, text, first_frame)
+    assert to_clean < 1e-5, "the cache holds frame-0 K/V that were not computed from the clean first frame"
+    assert to_noisy > 1e-2, "clean and noisy K/V coincide: the check could not tell the bug apart"
+
+
+def test_check_detects_a_sampler_without_the_second_reinjection(model, text, first_frame):
+    """The known port bug: no re-injection before the context-noise call."""
+    to_clean, to_noisy = context_write_check(model, text, first_frame, reinject_context=False)
+    assert to_clean > 1e-2  # the regression test above would fail on this sampler
+    assert to_noisy < 1e-5  # ... because the cache holds the noise-corrupted frame 0
+
+
+def test_first_frame_is_emitted_exactly(model, text, first_frame):
+    z = _rollout(model, text, first_frame, num_chunks=2)
+    assert torch.equal(z[:, :, 0], first_frame[:, :, 0])
+    assert not torch.equal(z[:, :, 2], first_frame[:, :, 0])
+
+
+# ------------------------------------------------------------------ KV cache
+
+
+class ExplicitWindowCache:
+    """Reference: keeps every chunk's final K/V in a list and concatenates the window explicitly."""
+
+    def __init__(self, *, num_blocks, chunk_tokens, window_chunks, sink_chunks, **_):
+        self.sink, self.total = sink_chunks, sink_chunks + window_chunks
+        self.history: list[list] = []  # per finished chunk: per block (k, v)
+        self.current: list | None = None
+        self.num_blocks = num_blocks
+
+    def begin_chunk(self):
+        if self.current is not None:
+            self.history.append(self.current)
+        self.current = [None] * self.num_blocks
+
+    def update(self, block, k, v):
+        self.current[block] = (k, v)
+        c = len(self.history)
+        keep = self.total - 1  # past chunks visible beside the current one
+        if c <= keep:
+            past = self.history
+        else:
+            recent = keep - self.sink
+            past = self.history[:self.sink] + (self.history[c - recent:] if recent else [])
+        ks = [h[block][0] for h in past] + [k]
+        vs = [h[block][1] for h in past] + [v]
+        return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
+
+    def free(self):
+        self.history.clear()
+
+
+@pytest.mark.parametrize("sink_frames", [0, 2])
+def test_rolling_cache_equals_explicit_window_reference(model, text, first_frame, sink_frames):
+    settings = pipe.ARSettings(sink_frames=sink_frames)
+    ours = _rollout(model, text, first_frame, num_chunks=5, settings=settings)
+    ref = _rollout(model, text, first_frame, num_chunks=5, settings=settings, cache_factory=ExplicitWindowCache)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+
+
+def test_full_window_differs_from_a_longer_one(model, text, first_frame):
+    """The window matters: a cache keeping 8 frames sees chunk 0 at chunk 3 and gives another video."""
+    ours = _rollout(model, text, first_frame, num_chunks=4)
+    longer = _rollout(model, text, first_frame, num_chunks=4, settings=pipe.ARSettings(window_frames=8))
+    torch.testing.assert_close(ours[:, :, :6], longer[:, :, :6], rtol=0, atol=1e-5)
+    assert (ours[:, :, 6:] - longer[:, :, 6:]).abs().max() > 1e-4
+
+
+def test_window_shifts_exactly_at_chunk_3_and_memory_stays_constant(model, text, first_frame):
+    log = []
+
+    def observe(k, cache):
+        log.append({"slot": cache.slot, "visible": cache.visible_tokens, "bytes": cache.nbytes,
+                    "ptrs": [t.data_ptr() for t in (*cache.k, *cache.v)],
+                    "slots": [cache.slot_kv(0, s)[0].clone() for s in range(3)]})
+
+    _rollout(model, text, first_frame, num_chunks=6, observer=observe)
+    assert [e["slot"] for e in log] == [0, 1, 2, 2, 2, 2]
+    assert [e["visible"] // CHUNK_TOKENS for e in log] == [1, 2, 3, 3, 3, 3]
+    # no shift before chunk 3: slots hold chunks 0, 1, 2 as written
+    assert torch.equal(log[2]["slots"][0], log[0]["slots"][0])
+    assert torch.equal(log[2]["slots"][1], log[1]["slots"][1])
+    # chunk 3 shifted by exactly one chunk: slots hold chunks 1, 2, 3
+    assert torch.equal(log[3]["slots"][0], log[1]["slots"][1])
+    assert torch.equal(log[3]["slots"][1], log[2]["slots"][2])
+    assert not torch.equal(log[3]["slots"][2], log[2]["slots"][2])
+    assert torch.equal(log[5]["slots"][0], log[3]["slots"][2])
+    # one allocation for the whole rollout
+    assert len({e["bytes"] for e in log}) == 1 and all(e["ptrs"] == log[0]["ptrs"] for e in log)
+    assert log[0]["bytes"] == 2 * TINY.num_blocks * 3 * CHUNK_TOKENS * TINY.model_channels * 4
+
+
+def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, monkeypatch):
+    caches = []
+
+    def factory(**kw):
+        caches.append(RollingKVCache(**kw))
+        return caches[-1]
+
+    _rollout(model, text, first_frame, num_chunks=2, cache_factory=factory)
+    assert caches[-1].k == [] and caches[-1].v == []
+
+    from omnivideo import compat
+    calls = {"n": 0}
+
+    def interrupt_on_fifth():
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise compat.InterruptedError_("cancelled")
+
+    monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt_on_fifth)
+    with pytest.raises(compat.InterruptedError_):
+        _rollout(model, text, first_frame, num_chunks=3, cache_factory=factory)
+    assert calls["n"] == 5 and caches[-1].k == []  # interrupted in chunk 1, between calls
+
+
+def test_rope_time_offset_grows_per_chunk(model, text, first_frame, monkeypatch):
+    offsets, angles = [], []
+    real_forward, real_rope = model.forward, omnidreams_dit.rope_cos_sin
+
+    def spy_forward(*args, **kw):
+        offsets.append(kw["t_offset"])
+        return real_forward(*args, **kw)
+
+    def spy_rope(cfg, t, h, w, t_offset=0, device=None):
+        angles.append(t_offset)
+        return real_rope(cfg, t, h, w, t_offset=t_offset, device=device)
+
+    monkeypatch.setattr(model, "forward", spy_forward)
+    monkeypatch.setattr(omnidreams_dit, "rope_cos_sin", spy_rope)
+    model._rope_memo = None
+    _rollout(model, text, first_frame, num_chunks=4)
+    assert offsets == [0] * 3 + [2] * 3 + [4] * 3 + [6] * 3  # three calls per chunk, ar_idx * len_t
+    assert angles == [0, 2, 4, 6]  # computed once per chunk
+
+
+def test_three_draws_per_chunk_from_one_generator(model, text, monkeypatch):
+    shapes = []
+    real = torch.randn
+
+    def spy(*args, **kw):
+        if "generator" in kw:
+            shapes.append(tuple(args[0]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pipe.torch, "randn", spy)
+    _rollout(model, text, None, num_chunks=3)
+    assert shapes == [(1, 16, 2, H, W)] * 9
+
+
+# ------------------------------------------------------------------ determinism and the entry
+
+
+def test_same_seed_same_latents_different_seed_different(model, text, first_frame):
+    a = _rollout(model, text, first_frame, num_chunks=2, seed=7)
+    b = _rollout(model, text, first_frame, num_chunks=2, seed=7)
+    c = _rollout(model, text, first_frame, num_chunks=2, seed=8)
+    assert torch.equal(a, b)
+    assert (a[:, :, 1:] - c[:, :, 1:]).abs().max() > 1e-3
+
+
+def test_hdmap_changes_the_video(model, text, first_frame):
+    hd = torch.randn(1, 16, 4, H, W, generator=torch.Generator().manual_seed(5))
+    plain = _rollout(model, text, first_frame, num_chunks=2)
+    with_map = _rollout(model, text, first_frame, num_chunks=2, hdmap=hd)
+    zeros = _rollout(model, text, first_frame, num_chunks=2, hdmap=torch.zeros_like(hd))
+    assert torch.equal(plain, zeros)  # absent = zeros
+    assert (plain - with_map).abs().max() > 1e-3
+
+
+def _handle(model, ar=None):
+    return OmniVideoModel("omnidreams", model, torch.float32, torch.device("cpu"), extras={"ar": ar or {}})
+
+
+def test_sample_returns_raw_wan_latent(model, text, first_frame):
+    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    bars = []
+
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+    out = pipe.sample(_handle(model), cond, seed=42, frames=13, steps=0, width=64, height=64, progress=Bar)
+    z = out["samples"]
+    assert z.shape == (1, 16, 4, H, W)  # 13 frames = 2 chunks, size from the first frame
+    assert bars[0].total == 2 and bars[0].n == 2
+    ref = _rollout(model, text, first_frame, num_chunks=2)
+    torch.testing.assert_close(pipe.normalize_latent(z), ref, rtol=1e-5, atol=1e-5)
+    mean = torch.tensor(pipe.LATENT_MEAN).view(1, 16, 1, 1, 1)
+    torch.testing.assert_close(z[:, :, :1], first_frame * torch.tensor(pipe.LATENT_STD).view(1, 16, 1, 1, 1) + mean)
+
+
+def test_sample_rejects_bad_inputs(model, text, first_frame):
+    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    with pytest.raises(ValueError, match="2 steps"):
+        pipe.sample(_handle(model), cond, seed=0, frames=5, steps=4, width=64, height=64)
+    bad_text = OmniVideoConditioning("omnidreams", torch.zeros(1, 512, 7), {"first_frame": first_frame})
+    with pytest.raises(ValueError, match="text embedding"):
+        pipe.sample(_handle(model), bad_text, seed=0, frames=5, steps=0, width=64, height=64)
+    short_map = cond.with_extras(hdmap=torch.zeros(1, 16, 2, H, W))
+    with pytest.raises(ValueError, match="HD-map"):
+        pipe.sample(_handle(model), short_map, seed=0, frames=13, steps=0, width=64, height=64)
+    with pytest.raises(ValueError, match="multiple of the chunk"):
+        pipe.sample(_handle(model, {"window_frames": 5}), cond, seed=0, frames=5, steps=0, width=64, height=64)
+
+
+def test_frames_to_chunks():
+    assert [pipe.num_chunks_for_frames(f) for f in (1, 5, 6, 13, 61, 62)] == [1, 1, 2, 2, 8, 9]
+    assert [pipe.pixel_frames(n) for n in (1, 2, 8)] == [5, 13, 61]

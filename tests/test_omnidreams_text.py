@@ -1,0 +1,84 @@
+"""Cosmos-Reason1 'full_concat' encoding with a tiny random Qwen2.5-VL and a tokenizer built here
+(no downloads), and the precomputed-embedding file round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omnidreams_tiny import TEXT_HIDDEN as HIDDEN
+from omnidreams_tiny import TEXT_LAYERS as LAYERS
+from omnidreams_tiny import write_tiny_cosmos_reason1
+
+from omnivideo.models import omnidreams_text as te
+
+
+@pytest.fixture(scope="module")
+def encoder_folder(tmp_path_factory):
+    return str(write_tiny_cosmos_reason1(tmp_path_factory.mktemp("cosmos_reason1_tiny")))
+
+
+@pytest.fixture(scope="module")
+def encoder(encoder_folder):
+    return te.load_text_encoder(encoder_folder, torch.float32, torch.device("cpu"))
+
+
+def test_token_ids_chat_template_and_padding(encoder):
+    ids = te.prompt_token_ids(encoder.tokenizer, "a car drives down the road")
+    assert ids.shape == (1, 512)
+    text = encoder.tokenizer.decode(ids[0][ids[0] != 0])
+    assert text.startswith("<|im_start|>") and "helpful assistant" in text and "assistant\n" not in text[-12:]
+    n = int((ids[0] != 0).sum())
+    assert torch.all(ids[0, n:] == 0)  # padded with pad_token_id
+
+
+def test_full_concat_shape_no_mask_and_normalisation(encoder, monkeypatch):
+    seen = {}
+    real_forward = encoder.model.forward
+
+    def spy(*args, **kw):
+        seen.update(kw)
+        return real_forward(*args, **kw)
+
+    monkeypatch.setattr(encoder.model, "forward", spy)
+    emb = te.encode_prompt(encoder, "a car drives down the road at night")
+    assert emb.shape == (1, 512, LAYERS * HIDDEN)
+    assert seen.get("attention_mask") is None and seen["output_hidden_states"]
+
+    # independent reference: hidden_states[1:29], per-token (h - mean) / (unbiased std + 1e-8)
+    ids = te.prompt_token_ids(encoder.tokenizer, "a car drives down the road at night")
+    with torch.no_grad():
+        states = real_forward(input_ids=ids, output_hidden_states=True).hidden_states
+    assert len(states) == LAYERS + 1
+    for layer in (0, 13, LAYERS - 1):
+        h = states[layer + 1][0].double()
+        centred = h - h.mean(-1, keepdim=True)
+        ref = centred / ((centred ** 2).sum(-1, keepdim=True) / (HIDDEN - 1)).sqrt()  # unbiased
+        torch.testing.assert_close(emb[0, :, layer * HIDDEN:(layer + 1) * HIDDEN].double(), ref, rtol=1e-4,
+                                   atol=1e-4)
+    chunk = emb[0, :, :HIDDEN]
+    torch.testing.assert_close(chunk.std(-1), torch.ones(512), rtol=1e-4, atol=1e-4)
+
+
+def test_padding_positions_differ_without_mask(encoder):
+    """Without a mask the padding tokens attend to the prompt: their states are not all equal."""
+    emb = te.encode_prompt(encoder, "a car")
+    n = int((te.prompt_token_ids(encoder.tokenizer, "a car")[0] != 0).sum())
+    assert (emb[0, n] - emb[0, n + 5]).abs().max() > 1e-4
+
+
+def test_embedding_file_round_trip(tmp_path):
+    emb = torch.randn(1, 512, 24)
+    path = te.save_embedding(str(tmp_path / "p.safetensors"), emb, "a prompt")
+    torch.testing.assert_close(te.load_embedding(path), emb)
+    from safetensors.torch import save_file
+    save_file({"other": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(ValueError, match="holds no"):
+        te.load_embedding(str(tmp_path / "x.safetensors"))
+    save_file({te.EMBEDDING_KEY: torch.zeros(1, 77, 24)}, str(tmp_path / "y.safetensors"))
+    with pytest.raises(ValueError, match="expected"):
+        te.load_embedding(str(tmp_path / "y.safetensors"))
+
+
+def test_missing_folder_is_explained(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        te.load_text_encoder(str(tmp_path), torch.float32, torch.device("cpu"))
