@@ -7,8 +7,11 @@ ratios, and checks every output is bit-identical to diffusers'.
     python benchmarks/bench_wan_vae_decode.py                      # CPU: 9 frames at 256x256, fp32
     python benchmarks/bench_wan_vae_decode.py --frames 81 --height 480 --width 832 --dtype bf16   # GPU
 
-Each variant runs in its own subprocess so its peak memory is its own (CPU: peak RSS
-growth over the loaded model; CUDA: max_memory_allocated).
+Each variant runs in its own subprocess. Peak memory is what one decode adds on top of
+the loaded model and latent: on CUDA max_memory_allocated, on CPU (Linux) the resident-set
+high-water mark, reset before each decode through /proc/self/clear_refs, with glibc told to
+return freed blocks at once (MALLOC_MMAP_THRESHOLD_) so RSS follows live memory rather than
+the allocator's cache.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -54,31 +56,43 @@ def run_variant(args) -> dict:
         def decode():
             return decode_latent(vae, z)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     decode()  # warm-up (allocator, kernels' JIT)
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    times = []
+    times, peaks, out = [], [], None
     for _ in range(args.runs):
+        del out
+        base = _reset_peak(device)
         start = time.perf_counter()
         out = decode()
-        sync()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-        del out
-    out = decode()
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() - base
-    else:  # growth of the peak RSS; the warm-up already paid the model and first-touch pages
-        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base, 0)
+        peaks.append(_peak(device) - base)
     torch.save(out.cpu(), args.out_path)
-    return {"variant": args.variant, "median_s": statistics.median(times), "peak_bytes": peak}
+    return {"variant": args.variant, "median_s": statistics.median(times), "peak_bytes": max(peaks)}
+
+
+def _proc_status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+def _reset_peak(device) -> int:
+    """Reset the peak-memory counter; returns the memory in use now."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: reset VmHWM (peak RSS) to the current RSS
+    return _proc_status_bytes("VmRSS")
+
+
+def _peak(device) -> int:
+    import torch
+
+    return torch.cuda.max_memory_allocated() if device.type == "cuda" else _proc_status_bytes("VmHWM")
 
 
 def main():
@@ -110,7 +124,8 @@ def main():
         for variant in VARIANTS:
             path = os.path.join(tmp, variant + ".pt")
             cmd = [sys.executable, __file__, *sys.argv[1:], "--variant", variant, "--out-path", path]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 results[variant] = {"skipped": proc.stderr.strip().splitlines()[-1]}
                 continue

@@ -6,7 +6,10 @@ Two data-movement fusions replace diffusers' call sites, bit for bit:
   `F.pad` become one `cat_pad_5d` pass that also returns the next cache;
 * the Wan 2.2 residual up block: `x + DupUp3D(x_copy)` becomes `dup_up3d_add`, without
   materialising the repeated shortcut (and without the defensive `x_copy` clone: nothing
-  writes into the block input in place).
+  writes into the block input in place);
+* RMS norm + SiLU: diffusers' `normalize(x) * scale * gamma + bias` then SiLU allocate four
+  full-size temporaries; the same operations in the same order run in place on the one
+  normalized tensor (same arithmetic, so the same bits).
 
 The fast paths are per-instance `forward` rebinds (state_dict keys are untouched, the
 module classes are unchanged) and installing twice is a no-op. Each call site checks
@@ -21,6 +24,7 @@ import types
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from diffusers.models.autoencoders import autoencoder_kl_wan as dwan
 
 from ..kernels.wan_vae_torch import memory_format_of
@@ -69,13 +73,23 @@ def _cached_conv(module, conv, x, feat_cache, feat_idx):
     return out
 
 
+def _rms_norm_silu(module, norm, x):
+    """SiLU(WanRMS_norm(x)), the elementwise tail in place on the fresh normalized tensor."""
+    if not _fusable(module._omnivideo_ops, x) or not isinstance(module.nonlinearity, nn.SiLU):
+        return module.nonlinearity(norm(x))
+    upcast = x.dtype in (torch.float16, torch.bfloat16)  # diffusers normalizes these in fp32
+    y = F.normalize(x.float() if upcast else x, dim=1 if norm.channel_first else -1).to(x.dtype)
+    y.mul_(norm.scale).mul_(norm.gamma).add_(norm.bias)
+    return F.silu(y, inplace=True)
+
+
 def _residual_block_forward(self, x, feat_cache=None, feat_idx=[0]):
     if feat_cache is None:
         return type(self).forward(self, x)
     h = self.conv_shortcut(x)
-    x = self.nonlinearity(self.norm1(x))
+    x = _rms_norm_silu(self, self.norm1, x)
     x = _cached_conv(self, self.conv1, x, feat_cache, feat_idx)
-    x = self.dropout(self.nonlinearity(self.norm2(x)))
+    x = self.dropout(_rms_norm_silu(self, self.norm2, x))
     x = _cached_conv(self, self.conv2, x, feat_cache, feat_idx)
     return x + h
 
@@ -87,7 +101,7 @@ def _decoder_forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):
     x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
     for up_block in self.up_blocks:
         x = up_block(x, feat_cache=feat_cache, feat_idx=feat_idx, first_chunk=first_chunk)
-    x = self.nonlinearity(self.norm_out(x))
+    x = _rms_norm_silu(self, self.norm_out, x)
     return _cached_conv(self, self.conv_out, x, feat_cache, feat_idx)
 
 

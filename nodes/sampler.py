@@ -38,7 +38,9 @@ class OmniVideoSampler(io.ComfyNode):
                 "Generates a video latent with the model's own sampler. OmniDreams: autoregressive 2-frame "
                 "chunks with a rolling KV cache; the video has 8N-3 frames (5, 13, 21, ..., 61), other frame "
                 "counts round up; steps 0 = the distilled 2 steps; the first frame (if encoded) fixes the size. "
-                "The LATENT is raw Wan latent space, so VAE Decode and OmniVideo Wan VAE Decode both accept it."
+                "The LATENT is raw Wan latent space, so VAE Decode and OmniVideo Wan VAE Decode both accept it. "
+                "MiniMax-H3: frames snap to 17n+5 (24 fps, 5-15 s), width/height multiples of 32, steps 0 = 50 "
+                "(49 forwards; turbo LoRAs use 4-8); the LATENT holds video and audio latents for OmniVideo H3 Decode."
             ),
             inputs=[
                 ModelType.Input("model"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -49,59 +48,22 @@ def pytest_terminal_summary(terminalreporter):
 # ---------------------------------------------------------------------------------------------------------------
 # A full-size random-weight Wan 2.1 VAE in the original Wan / ComfyUI key layout
 
-_RES_LEAVES = [("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."), ("norm2.gamma", "residual.3.gamma"),
-               ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")]
-
-
-def _res_leaf(leaf: str) -> str:
-    for new, old in _RES_LEAVES:
-        if leaf.startswith(new):
-            return old + leaf[len(new):]
-    raise KeyError(f"unknown resnet parameter {leaf!r}")
-
-
-def diffusers_to_wan21_key(key: str, num_res_blocks: int = 2) -> str:
-    """diffusers AutoencoderKLWan (2.1 layout) name -> the name in the released wan_2.1_vae.safetensors.
-
-    The inverse of diffusers.loaders.single_file_utils.convert_wan_vae_to_diffusers (checked by a round trip
-    in `write_random_wan21_vae`). models/wan_vae_convert.py only maps the other way."""
-    k = key
-    for pat, rep in [(r"^quant_conv\.", "conv1."), (r"^post_quant_conv\.", "conv2."),
-                     (r"^(encoder|decoder)\.conv_in\.", r"\1.conv1."), (r"^(encoder|decoder)\.norm_out\.", r"\1.head.0."),
-                     (r"^(encoder|decoder)\.conv_out\.", r"\1.head.2."),
-                     (r"^(encoder|decoder)\.mid_block\.attentions\.0\.", r"\1.middle.1.")]:
-        k = re.sub(pat, rep, k)
-    if m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d+)\.(.+)$", k):
-        return f"{m[1]}.middle.{2 * int(m[2])}.{_res_leaf(m[3])}"
-    if m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.+)$", k):  # 2.1: already flat, same indices
-        leaf = m[2] if m[2].startswith(("resample.", "time_conv.")) else _res_leaf(m[2])
-        return f"encoder.downsamples.{m[1]}.{leaf}"
-    if m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.+)$", k):
-        per_level = num_res_blocks + 2  # (num_res_blocks + 1) resblocks, then one resample
-        block, rest = int(m[1]), m[2]
-        if r := re.match(r"^resnets\.(\d+)\.(.+)$", rest):
-            return f"decoder.upsamples.{block * per_level + int(r[1])}.{_res_leaf(r[2])}"
-        if r := re.match(r"^upsamplers\.0\.(.+)$", rest):
-            return f"decoder.upsamples.{block * per_level + per_level - 1}.{r[1]}"
-        raise KeyError(f"unknown up-block parameter {key!r}")
-    return k
-
-
 def write_random_wan21_vae(path: Path, seed: int = 0) -> dict:
     """AutoencoderKLWan() (diffusers defaults = the Wan 2.1 config, ~127M parameters, random init), saved in
-    bf16 (~250 MB) under the original Wan key names, as ComfyUI's VAELoader expects."""
+    bf16 (~250 MB) under the original Wan key names, as ComfyUI's VAELoader expects. The names come from
+    wan_vae_fixtures.to_original_names, checked here by a round trip through diffusers' own converter."""
     import torch
     from diffusers import AutoencoderKLWan
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
     from safetensors.torch import save_file
 
+    from wan_vae_fixtures import to_original_names  # tests/ is on sys.path (tests/conftest.py)
+
     torch.manual_seed(seed)
-    sd = AutoencoderKLWan().state_dict()
-    original = {}
-    for key, value in sd.items():
-        new = diffusers_to_wan21_key(key)
-        assert new not in original, f"two tensors map to {new}"
-        original[new] = value.to(torch.bfloat16).contiguous()
+    model = AutoencoderKLWan()
+    sd = model.state_dict()
+    original = {k: v.to(torch.bfloat16).contiguous()
+                for k, v in to_original_names(sd, model.config.num_res_blocks, nested=False).items()}
     back = convert_wan_vae_to_diffusers(original)  # round trip through diffusers' own converter
     assert set(back) == set(sd), f"inverse mapping is wrong: {sorted(set(back) ^ set(sd))[:10]}"
     assert all(back[k].shape == sd[k].shape for k in sd)
@@ -142,6 +104,33 @@ PROBE_PACK = textwrap.dedent('''
 
     NODE_CLASS_MAPPINGS = {"OmniVideoTestSaveTensor": OmniVideoTestSaveTensor}
 ''')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shipped API workflows and the videos they write
+
+def api_graph(name: str, overrides: dict | None = None) -> tuple[dict, str]:
+    """workflows/api/<name>.api.json with `overrides` ({class_type: {input: value}}) applied to every node of
+    that class, and SaveVideo writing under a fresh prefix; returns (graph, prefix)."""
+    graph = json.loads((REPO / "workflows" / "api" / f"{name}.api.json").read_text(encoding="utf-8"))
+    prefix = f"video/{name}_{uuid.uuid4().hex[:8]}"
+    overrides = {**(overrides or {})}
+    overrides["SaveVideo"] = {**overrides.get("SaveVideo", {}), "filename_prefix": prefix}
+    for node in graph.values():
+        node["inputs"].update(overrides.get(node["class_type"], {}))
+    return graph, prefix
+
+
+def probe_video(python: str, path: Path) -> dict:
+    """PyAV, run by `python` (the ComfyUI interpreter): decoded frame count, width w, height h, fps, the number of
+    audio streams (audio) and the first one's sample rate and channels (0 without audio)."""
+    code = ("import av,json,sys; c=av.open(sys.argv[1]); v=c.streams.video[0]; a=c.streams.audio; "
+            "f=sum(1 for _ in c.decode(v)); "
+            "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate), "
+            "'audio': len(a), 'rate': a[0].rate if a else 0, 'channels': a[0].channels if a else 0}))")
+    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -218,6 +207,13 @@ class ComfyServer:
         assert status.get("status_str") == "success", (
             f"prompt failed: {json.dumps(status.get('messages'), indent=1)[:4000]}\n{self.log_tail()}")
         return entry
+
+    def run_video(self, graph: dict, prefix: str, timeout: float = 150) -> Path:
+        """Run a graph whose SaveVideo writes under `prefix` (see api_graph); returns the first such video."""
+        entry = self.run(graph, timeout=timeout)
+        videos = sorted(self.output_dir.glob(prefix + "*.mp4"))
+        assert videos, f"no video under {self.output_dir}; outputs: {entry['outputs']}"
+        return videos[0]
 
     # -- process
     def log(self) -> str:
@@ -324,6 +320,19 @@ def comfy_server(tmp_path_factory):
 def report() -> list[str]:
     """Lines printed in the terminal summary (measured numbers, Backend Info)."""
     return REPORT
+
+
+@pytest.fixture(name="api_graph", scope="session")
+def _api_graph_fixture():
+    """`api_graph(name, overrides) -> (graph, prefix)` (test modules cannot import this conftest by name:
+    tests/conftest.py is a `conftest` too)."""
+    return api_graph
+
+
+@pytest.fixture(name="probe_video", scope="session")
+def _probe_video_fixture():
+    """`probe_video(python, path) -> dict` (frames, w, h, fps, audio, rate, channels)."""
+    return probe_video
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,8 @@ and SaveVideo writes an mp4 with 1 + (2N - 1) * 4 frames at 30 fps.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -59,32 +57,17 @@ def omnidreams_files(comfy_server):
     return root
 
 
-def _graph(name: str) -> tuple[dict, str]:
-    graph = json.loads((REPO / "workflows" / "api" / f"{name}.api.json").read_text(encoding="utf-8"))
-    prefix = f"video/{name}_{uuid.uuid4().hex[:8]}"
-    small = {
-        "OmniDreamsModelLoader": {"ckpt_name": CKPT, "dtype": "fp32"},
-        "OmniDreamsTextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32"},
-        "OmniDreamsTextEncode": {"prompt": "a car drives down the street"},
-        "OmniDreamsEncodeFirstFrame": {"width": WIDTH, "height": HEIGHT},
-        "OmniDreamsEncodeHDMap": {"width": WIDTH, "height": HEIGHT},
-        "OmniVideoSampler": {"frames": FRAMES},
-        "LoadImage": {"image": IMAGE},
-        "LoadVideo": {"file": HDMAP},
-        "SaveVideo": {"filename_prefix": prefix},
-    }
-    for node in graph.values():
-        node["inputs"].update(small.get(node["class_type"], {}))
-    return graph, prefix
-
-
-def _probe(python: str, path: Path) -> dict:
-    code = ("import av,json,sys; c=av.open(sys.argv[1]); v=c.streams.video[0]; "
-            "f=sum(1 for _ in c.decode(v)); "
-            "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate)}))")
-    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+# the shipped workflows, made small enough for the tiny models on CPU (conftest.api_graph applies them)
+SMALL = {
+    "OmniDreamsModelLoader": {"ckpt_name": CKPT, "dtype": "fp32"},
+    "OmniDreamsTextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32"},
+    "OmniDreamsTextEncode": {"prompt": "a car drives down the street"},
+    "OmniDreamsEncodeFirstFrame": {"width": WIDTH, "height": HEIGHT},
+    "OmniDreamsEncodeHDMap": {"width": WIDTH, "height": HEIGHT},
+    "OmniVideoSampler": {"frames": FRAMES},
+    "LoadImage": {"image": IMAGE},
+    "LoadVideo": {"file": HDMAP},
+}
 
 
 def test_omnidreams_nodes_are_registered(object_info):
@@ -93,12 +76,11 @@ def test_omnidreams_nodes_are_registered(object_info):
 
 
 @pytest.mark.parametrize("name", ["omnidreams_i2v", "omnidreams_i2v_hdmap"])
-def test_omnidreams_workflow_writes_video(comfy_server, omnidreams_files, vae_file, report, name):
-    graph, prefix = _graph(name)
-    entry = comfy_server.run(graph, timeout=400)
-    videos = sorted(comfy_server.output_dir.glob(prefix + "*.mp4"))
-    assert videos, f"no video under {comfy_server.output_dir}; outputs: {entry['outputs']}"
-    info = _probe(comfy_server.python, videos[0])
+def test_omnidreams_workflow_writes_video(comfy_server, omnidreams_files, vae_file, report, api_graph, probe_video,
+                                          name):
+    graph, prefix = api_graph(name, SMALL)
+    video = comfy_server.run_video(graph, prefix, timeout=400)
+    info = probe_video(comfy_server.python, video)
     assert (info["frames"], info["w"], info["h"]) == (FRAMES, WIDTH, HEIGHT), info
     assert abs(info["fps"] - 30.0) < 1e-6, info
-    report.append(f"{name}: {videos[0].name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps")
+    report.append(f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps")
