@@ -59,20 +59,31 @@ class Resolution:
 @dataclass
 class _Op:
     impls: dict[str, Impl] = field(default_factory=dict)
-    auto_order: list[str] = field(default_factory=list)  # preference for "auto"
+    ranks: dict[str, int] = field(default_factory=dict)  # "auto" preference: lower first
+
+    @property
+    def auto_order(self) -> list[str]:
+        return sorted(self.ranks, key=self.ranks.get)  # stable: ties keep registration order
 
 
 _PACK = __package__.rpartition(".")[0]  # "omnivideo", or "custom_nodes.<folder>" in ComfyUI
 _OPS: dict[str, _Op] = {}
 _logged: set[tuple[str, str, str]] = set()
+_cache: dict[tuple[str, str, str, bool | None], Resolution] = {}
+
+
+def clear_cache() -> None:
+    """Forget cached `resolve` answers (after registering, or when a test fakes modules/env vars)."""
+    _cache.clear()
 
 
 def register(impl: Impl, *, auto_rank: int | None = None) -> Impl:
-    """Add an implementation; `auto_rank` places it in the op's "auto" preference (0 first)."""
+    """Add an implementation; "auto" tries those with an `auto_rank`, lowest rank first."""
     op = _OPS.setdefault(impl.op, _Op())
     op.impls[impl.name] = impl
     if auto_rank is not None:
-        op.auto_order.insert(min(auto_rank, len(op.auto_order)), impl.name)
+        op.ranks[impl.name] = auto_rank
+    clear_cache()
     return impl
 
 
@@ -92,8 +103,19 @@ def resolve(op: str, requested: str = "auto", platform: Platform | None = None, 
 
     `exact` filters what "auto" may pick: True (default) only exact implementations, False
     only approximate ones (e.g. block-sparse attention), None any. Named requests ignore it.
+
+    Answers are cached per (op, requested, platform name, exact): probes run once per process.
+    Call `clear_cache()` after changing what the probes look at (environment, importable modules).
     """
     platform = platform or PLATFORM
+    key = (op, requested, platform.name, exact)
+    hit = _cache.get(key)
+    if hit is None:
+        hit = _cache[key] = _resolve(op, requested, platform, exact)
+    return hit
+
+
+def _resolve(op: str, requested: str, platform: Platform, exact: bool | None) -> Resolution:
     impls = implementations(op)
     if requested == "auto":
         kind = "approximate " if exact is False else ""

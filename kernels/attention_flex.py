@@ -20,8 +20,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .attention_layout import AttnLayout
-from .rainfusion import plan_and_permute, protected_positions
+from .attention_layout import AttnLayout, resolve_scale
+from .rainfusion import plan_and_permute, protected_positions, record_stats
 
 _tables: dict[tuple, torch.Tensor] = {}
 
@@ -76,11 +76,9 @@ def flex_block_sparse(q, k, v, *, layout: AttnLayout, sparsity: float, scale=Non
     """Protected query rows (first frame, dense rows) run dense SDPA in the original order - exact, and
     the dense kernel is faster per row; the other query blocks run flex over their kept key blocks."""
     b, s, h, d = q.shape
-    scale = float(scale) if scale is not None else d ** -0.5
+    scale = resolve_scale(q, scale)
     qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
-    if stats is not None:
-        stats.update(kept_blocks=plan.kept_blocks, total_blocks=plan.block_mask.numel(),
-                     realized_sparsity=plan.realized_sparsity, nominal_sparsity=plan.sparsity)
+    record_stats(stats, plan)
     out = torch.empty_like(q)
     perm, bs, nb = plan.order.perm, block_size, plan.n_blocks
     dense_rows = perm[protected_positions(plan)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class AttnLayout:
@@ -38,13 +40,16 @@ def packed_used(layout: AttnLayout | None, batch: int, seq_len: int) -> int | No
     return used if 0 < used < seq_len else None
 
 
-def key_padding_mask(layout: AttnLayout, batch: int, seq_len: int, device) -> "torch.Tensor":
+def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
+    """The softmax scale every implementation uses: the caller's, else 1/sqrt(head dim)."""
+    return float(scale) if scale is not None else q.shape[-1] ** -0.5
+
+
+def key_padding_mask(layout: AttnLayout, batch: int, seq_len: int, device) -> torch.Tensor:
     """[B, 1, 1, S] boolean key mask from `kv_lengths` - O(B*S), never O(S^2).
 
     Raises when the lengths cannot describe this batch (never attend over padding silently).
     """
-    import torch
-
     lengths = layout.kv_lengths
     if lengths is None or len(lengths) != batch or any(not 0 < int(n) <= seq_len for n in lengths):
         raise ValueError(

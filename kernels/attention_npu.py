@@ -18,6 +18,7 @@ import importlib
 import logging
 
 from .attention_layout import AttnLayout, key_padding_mask, packed_used
+from .attention_layout import resolve_scale as _scale
 
 log = logging.getLogger("omnivideo")
 
@@ -33,10 +34,6 @@ def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning("omnivideo attention: %s", msg)
-
-
-def _scale(q, scale):
-    return float(scale) if scale is not None else q.shape[-1] ** -0.5
 
 
 def _masked_fallback(q, k, v, scale, layout: AttnLayout):

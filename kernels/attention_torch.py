@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .attention_layout import AttnLayout, key_padding_mask, packed_used
-from .rainfusion import RFPlan, plan_and_permute, protected_positions, token_mask
+from .attention_layout import resolve_scale as _scale
+from .rainfusion import plan_and_permute, protected_positions, record_stats, token_mask
 
 
 def _sdpa(q, k, v, scale, attn_mask=None):
@@ -21,10 +22,6 @@ def _sdpa(q, k, v, scale, attn_mask=None):
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=attn_mask, scale=scale)
     return out.transpose(1, 2)
-
-
-def _scale(q, scale):
-    return float(scale) if scale is not None else q.shape[-1] ** -0.5
 
 
 def _sliced(q, k, v, used, fn):
@@ -53,13 +50,25 @@ def _flash_attn_varlen():
         return None
 
 
-def _sdpa_pinned(q, k, v, scale):
-    """SDPA with cuDNN pinned on CUDA (fast for long unmasked sequences), plain elsewhere."""
-    if q.is_cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+def _prefer(backends):
+    """`sdpa_kernel(backends)` trying them in the listed order. Without set_priority=True torch only restricts
+    the set and keeps its own order; a torch that has no set_priority gets the plain (unordered) restriction."""
+    from torch.nn.attention import sdpa_kernel
 
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                          SDPBackend.MATH]):
+    try:
+        return sdpa_kernel(backends, set_priority=True)
+    except TypeError:  # torch < 2.6: no set_priority
+        return sdpa_kernel(backends)
+
+
+def _sdpa_pinned(q, k, v, scale):
+    """SDPA preferring cuDNN on CUDA (fast for long unmasked sequences), then flash, efficient, math; plain
+    SDPA elsewhere."""
+    if q.is_cuda:
+        from torch.nn.attention import SDPBackend
+
+        with _prefer([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]):
             return _sdpa(q, k, v, scale)
     return _sdpa(q, k, v, scale)
 
@@ -86,18 +95,12 @@ def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
     return _sdpa_pinned(q, k, v, scale)
 
 
-def _record(stats: dict | None, plan: RFPlan) -> None:
-    if stats is not None:
-        stats.update(kept_blocks=plan.kept_blocks, total_blocks=plan.block_mask.numel(),
-                     realized_sparsity=plan.realized_sparsity, nominal_sparsity=plan.sparsity)
-
-
 def rainfusion_reference(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
                          stats: dict | None = None, **_):
     """Reference: rf_v2 block mask expanded to a boolean [S, S] mask, then SDPA (tests, small inputs)."""
     scale = _scale(q, scale)
     _, _, _, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
-    _record(stats, plan)
+    record_stats(stats, plan)
     # in the original row order, so fully kept rows compute exactly what dense SDPA computes
     return _sdpa(q, k, v, scale, token_mask(plan))
 
@@ -112,7 +115,7 @@ def block_sparse_gather(q, k, v, *, layout: AttnLayout, sparsity: float, scale=N
     scale = _scale(q, scale)
     b, s, h, d = q.shape
     qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
-    _record(stats, plan)
+    record_stats(stats, plan)
     out = torch.empty_like(q)
     perm, bs, nb = plan.order.perm, block_size, plan.n_blocks
 

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_layout import AttnLayout
-from .rainfusion import plan_and_permute
+from .attention_layout import AttnLayout, resolve_scale
+from .rainfusion import plan_and_permute, record_stats
 
 
 @triton.jit
@@ -72,11 +72,9 @@ def block_sparse_attend(qp, kp, vp, kv_num, kv_idx, scale: float, block_size: in
 def triton_block_sparse(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
                         stats: dict | None = None, **_):
     b, s, h, d = q.shape
-    scale = float(scale) if scale is not None else d ** -0.5
+    scale = resolve_scale(q, scale)
     qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
-    if stats is not None:
-        stats.update(kept_blocks=plan.kept_blocks, total_blocks=plan.block_mask.numel(),
-                     realized_sparsity=plan.realized_sparsity, nominal_sparsity=plan.sparsity)
+    record_stats(stats, plan)
     num, idx = plan.kv_lists()
     out_p = block_sparse_attend(qp, kp, vp, num, idx, scale, block_size)
     return out_p.index_select(1, plan.order.inv_perm)

@@ -86,6 +86,13 @@ class RFPlan:
         return num, idx
 
 
+def record_stats(stats: dict | None, plan: RFPlan) -> None:
+    """Fill an executor's `stats` dict (kept/total block pairs, realized and nominal sparsity) from its plan."""
+    if stats is not None:
+        stats.update(kept_blocks=plan.kept_blocks, total_blocks=plan.block_mask.numel(),
+                     realized_sparsity=plan.realized_sparsity, nominal_sparsity=plan.sparsity)
+
+
 def keep_count(n_blocks: int, sparsity: float) -> int:
     # round first: 1 - 0.8 is 0.19999999999999996 and must not lose a block to float noise
     return max(1, min(n_blocks, math.ceil(round(n_blocks * (1.0 - sparsity), 6))))

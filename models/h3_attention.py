@@ -21,20 +21,12 @@ import torch
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor, _apply_rotary_emb
 
 from ..kernels.attention_layout import AttnLayout
-from ..pipelines.attention import AttentionConfig, AttentionStats, attention
+from ..pipelines.attention import AttentionConfig, AttentionStats, attention, normalize_config
 
 log = logging.getLogger("omnivideo")
 
 
-def normalize_config(config) -> AttentionConfig:
-    """OMNIVIDEO_ATTENTION (AttentionConfig), a plain dict of its fields, or None (= sdpa)."""
-    if config is None:
-        return AttentionConfig(backend="sdpa")
-    if isinstance(config, AttentionConfig):
-        return config
-    if isinstance(config, dict):
-        return AttentionConfig(**config)
-    raise TypeError(f"attention config must be an OMNIVIDEO_ATTENTION (AttentionConfig) or dict, got {type(config)}")
+__all__ = ["H3AttentionState", "OmniVideoH3AttnProcessor", "h3_attention", "normalize_config", "uses_packing"]
 
 
 def uses_packing(config: AttentionConfig) -> bool:
@@ -120,7 +112,8 @@ def _check_and_stash(state: H3AttentionState):
 
 
 @contextlib.contextmanager
-def h3_attention(transformer: torch.nn.Module, config: dict | None = None, record: list | None = None):
+def h3_attention(transformer: torch.nn.Module, config: AttentionConfig | dict | None = None,
+                 record: list | None = None):
     """Install our processors for the duration of a run; diffusers' originals come back afterwards."""
     state = H3AttentionState(normalize_config(config), record=record)
     original = dict(transformer.attn_processors)

@@ -127,9 +127,9 @@ def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
 def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
     with torch.device("meta"):
         model = cls.from_config(config)
-    expected = set(model.state_dict().keys())
-    missing = sorted(expected - state_dict.keys())
-    unexpected = sorted(state_dict.keys() - expected)
+    expected = {key: tensor.shape for key, tensor in model.state_dict().items()}  # built once: O(keys)
+    missing = sorted(expected.keys() - state_dict.keys())
+    unexpected = sorted(state_dict.keys() - expected.keys())
     if missing or unexpected:
         raise H3LoadError(
             f"{source} does not fit {cls.__name__} with its config: "
@@ -137,9 +137,9 @@ def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: t
             f"(e.g. {', '.join(unexpected[:3])}). Check that config.json belongs to these weights."
         )
     for key, value in state_dict.items():
-        if value.shape != model.state_dict()[key].shape:
+        if value.shape != expected[key]:
             raise H3LoadError(f"{source}: {key} has shape {tuple(value.shape)}, the config expects "
-                              f"{tuple(model.state_dict()[key].shape)}. Check config.json.")
+                              f"{tuple(expected[key])}. Check config.json.")
     model.load_state_dict(state_dict, strict=True, assign=True)
     _rebuild_computed_buffers(model)
     _cast_with_islands(model, dtype)
@@ -215,7 +215,7 @@ def scheduler_configs(root: Path) -> tuple[dict, dict]:
 
 def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "bfloat16",
             transformer_file: str | os.PathLike | None = None, device: torch.device | None = None,
-            attention: dict | None = None):
+            attention=None):
     """-> (OmniVideoModel family "h3", video VAE, audio VAE). Everything stays on CPU until a node runs it."""
     from .handles import OmniVideoModel
 

@@ -19,8 +19,37 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
 from safetensors.torch import load_file, save_file
 
+from .. import compat
+
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
 EMBED_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
+VISION_TAG = MINIMAX_H3_VIDEO_TAG  # the row tag of keyframe vision-block tokens (diffusers' video tag)
+EMBEDDING_FOLDER = "text_encoders"  # the ComfyUI model folder saved embeddings are loaded from
+
+
+def vision_rows(tags: torch.Tensor) -> int:
+    """How many embedding rows are keyframe vision tokens (0: the prompt was encoded without keyframes)."""
+    return int((tags == VISION_TAG).sum())
+
+
+def output_path(name: str, root: str | os.PathLike | None = None) -> str:
+    """Where `save_as` writes: `name` (a relative file name, sub-folders allowed) under ComfyUI's output folder,
+    with .safetensors appended if missing. Absolute paths and names that leave the folder are refused."""
+    name = str(name).strip()
+    root = os.path.realpath(root if root is not None else compat.output_directory())
+    if not name:
+        raise ValueError("save_as is empty: give a file name such as my_prompt.safetensors.")
+    if os.path.isabs(name) or os.path.splitdrive(name)[0] or name.startswith(("/", "\\")):
+        raise ValueError(f"save_as {name!r} is an absolute path; give a file name relative to ComfyUI's output "
+                         f"folder ({root}), e.g. my_prompt.safetensors.")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise ValueError(f"save_as {name!r} leaves ComfyUI's output folder ({root}); '..' is not allowed.")
+    if not name.endswith(".safetensors"):
+        name += ".safetensors"
+    path = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([path, root]) != root:  # e.g. through a symlink inside the output folder
+        raise ValueError(f"save_as {name!r} resolves to {path}, outside ComfyUI's output folder ({root}).")
+    return path
 
 
 @dataclass

@@ -7,9 +7,12 @@ Family-specific content lives in `extras`; the sampler node dispatches on `famil
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ..pipelines.attention import AttentionConfig
 
 FAMILIES = ("omnidreams", "h3")
 
@@ -20,7 +23,7 @@ class OmniVideoModel:
     transformer: torch.nn.Module
     dtype: torch.dtype
     device: torch.device  # where it runs (from the backend registry)
-    attention: dict | None = None  # OMNIVIDEO_ATTENTION config; None = registry default (sdpa)
+    attention: AttentionConfig | None = None  # OMNIVIDEO_ATTENTION; None = backend "auto" (fastest exact)
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. H3 schedulers/VAEs, OmniDreams config
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import compat
+
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
 MAX_TOKENS = 512
 EMBEDDING_KEY = "omnidreams_text_embedding"
@@ -22,13 +24,17 @@ EMBEDDING_FORMAT = "omnidreams_full_concat"
 
 @dataclass
 class TextEncoder:
-    model: torch.nn.Module  # Qwen2_5_VLForConditionalGeneration (or its language model)
+    model: torch.nn.Module  # Qwen2_5_VLForConditionalGeneration (or its language model); kept on CPU
     tokenizer: object
     path: str
+    device: torch.device = torch.device("cpu")  # where encode_prompt runs it
 
 
 def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> TextEncoder:
-    """A local Cosmos-Reason1 / Qwen2.5-VL folder (config.json, weights, tokenizer); never the network."""
+    """A local Cosmos-Reason1 / Qwen2.5-VL folder (config.json, weights, tokenizer); never the network.
+
+    The model (~16 GB in bf16) stays in CPU memory; `encode_prompt` moves it to `device` for the
+    one forward pass and back, so it does not hold accelerator memory while the DiT samples."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     if not os.path.isfile(os.path.join(folder, "config.json")):
@@ -36,7 +42,7 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
                                 f"folder under models/text_encoders/")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    return TextEncoder(model.to(device).eval().requires_grad_(False), tokenizer, folder)
+    return TextEncoder(model.eval().requires_grad_(False), tokenizer, folder, torch.device(device))
 
 
 def prompt_token_ids(tokenizer, prompt: str, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
@@ -55,12 +61,22 @@ def normalize_per_token(h: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def encode_prompt(encoder: TextEncoder, prompt: str) -> torch.Tensor:
-    """-> [1, 512, num_layers * hidden] float32 on CPU."""
+    """-> [1, 512, num_layers * hidden] float32 on CPU. Runs the model on `encoder.device` and
+    returns it to CPU afterwards, also when the forward fails or is interrupted."""
     model = encoder.model
-    ids = prompt_token_ids(encoder.tokenizer, prompt).to(model.device)
-    out = model(input_ids=ids, output_hidden_states=True, use_cache=False)  # no attention_mask, on purpose
-    states = out.hidden_states[1:]  # drop the embedding output: layers 1..L
-    return torch.cat([normalize_per_token(h) for h in states], dim=-1).cpu()
+    ids = prompt_token_ids(encoder.tokenizer, prompt)
+    try:
+        model.to(encoder.device)
+        # no attention_mask, on purpose; logits_to_keep=1: only hidden states are used, so the LM head
+        # runs on one position instead of producing [512, vocab] logits (hidden states are unchanged)
+        out = model(input_ids=ids.to(encoder.device), output_hidden_states=True, use_cache=False,
+                    logits_to_keep=1)
+        states = out.hidden_states[1:]  # drop the embedding output: layers 1..L
+        return torch.cat([normalize_per_token(h).cpu() for h in states], dim=-1)
+    finally:
+        out = states = None
+        model.to("cpu")
+        compat.free_memory()
 
 
 def save_embedding(path: str, embedding: torch.Tensor, prompt: str) -> str:

@@ -372,23 +372,5 @@ def diffusers_vae_from_comfy(vae, dtype=None, device=None):
 # --------------------------------------------------------------------------------------
 
 
-def expected_latent_channels(dvae) -> int:
-    """Channels of the latent this VAE decodes (16 for Wan 2.1, 48 for Wan 2.2)."""
-    return int(dvae.config.z_dim)
-
-
-latent_channels = expected_latent_channels
-
-
-def spatial_factor(dvae) -> int:
-    """Pixels per latent cell along H and W (8 for Wan 2.1, 16 for Wan 2.2)."""
-    return int(dvae.config.scale_factor_spatial)
-
-
-def temporal_factor(dvae) -> int:
-    """T latent frames decode to 1 + (T - 1) * temporal_factor frames."""
-    return int(dvae.config.scale_factor_temporal)
-
-
 def wan_version(dvae) -> str:
     return "2.2" if dvae.config.is_residual else "2.1"

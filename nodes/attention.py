@@ -39,12 +39,18 @@ class OmniVideoAttention(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend, sparsity, start_step, skip_layers, block_size):
-        problem = validate(backend, sparsity, start_step, skip_layers, block_size)
+    def validate_inputs(cls, backend=None, sparsity=None, start_step=None, skip_layers=None, block_size=None):
+        values = (backend, sparsity, start_step, skip_layers, block_size)
+        if any(v is None for v in values):  # a linked input: known only at run time (checked in execute)
+            return True
+        problem = validate(*values)
         return True if problem is None else problem
 
     @classmethod
     def execute(cls, backend, sparsity, start_step, skip_layers, block_size) -> io.NodeOutput:
+        problem = validate(backend, sparsity, start_step, skip_layers, block_size)
+        if problem is not None:
+            raise ValueError(f"OmniVideo Attention: {problem}")
         return io.NodeOutput(AttentionConfig(backend=backend, sparsity=float(sparsity), start_step=int(start_step),
                                              skip_layers=skip_layers, block_size=int(block_size)))
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from .. import compat
 from ..backends import PLATFORM
 from ..compat import io
@@ -48,6 +46,14 @@ def _resolve_folder(kind: str, name: str) -> str:
                             "(or list its parent in extra_model_paths.yaml) and refresh.")
 
 
+NO_EMBEDDING = ""  # embedding_file unset: run the text encoder (also what the shipped workflows hold)
+
+
+def _embedding_files() -> list[str]:
+    """Combo options for a saved H3 embedding: .safetensors files in ComfyUI's text_encoders model folder."""
+    return [NO_EMBEDDING] + [f for f in compat.model_file_list("text_encoders") if f.endswith(".safetensors")]
+
+
 def _check_family(obj, what: str) -> None:
     if getattr(obj, "family", FAMILY) != FAMILY:
         raise ValueError(f"this {what} is for {obj.family}; MiniMax-H3 nodes need H3 inputs.")
@@ -73,7 +79,8 @@ class OmniVideoH3Loader(io.ComfyNode):
                     f for f in compat.model_file_list("diffusion_models") if f.endswith(".safetensors")],
                     default=FROM_FOLDER),
                 io.Combo.Input("dtype", options=DTYPE_NAMES, default="bfloat16"),
-                AttentionType.Input("attention", optional=True, tooltip="From OmniVideo Attention; unconnected = sdpa."),
+                AttentionType.Input("attention", optional=True,
+                                    tooltip="From OmniVideo Attention; unconnected = auto (fastest exact backend)."),
             ],
             outputs=[ModelType.Output(display_name="model"), H3VaeType.Output(display_name="vae"),
                      H3AudioVaeType.Output(display_name="audio_vae")],
@@ -137,7 +144,9 @@ class OmniVideoH3Keyframes(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, width=1344, height=768, **_):
+    def validate_inputs(cls, width=None, height=None, **_):
+        if width is None or height is None:  # linked: checked when the node runs
+            return True
         if width % 32 or height % 32:
             return f"width and height must be multiples of 32, got {width}x{height}"
         return True
@@ -174,20 +183,26 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default=""),
                 TextEncoderType.Input("text_encoder", optional=True),
                 KeyframesType.Input("keyframes", optional=True),
-                io.String.Input("embedding_file", default="", optional=True,
-                                tooltip="Path of a saved H3 embedding to use instead of the encoder."),
+                io.Combo.Input("embedding_file", options=_embedding_files(), default=NO_EMBEDDING, optional=True,
+                               tooltip="A saved H3 embedding (.safetensors in models/text_encoders) to use instead "
+                                       "of the encoder; empty = run the encoder."),
                 io.String.Input("save_as", default="", optional=True,
-                                tooltip="Path to save the embedding to (.safetensors); empty = do not save."),
+                                tooltip="File name under ComfyUI's output folder to save the embedding to "
+                                        "(.safetensors; move it to models/text_encoders to reuse it); "
+                                        "empty = do not save."),
             ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
 
     @classmethod
-    def execute(cls, prompt, text_encoder=None, keyframes=None, embedding_file="", save_as="") -> io.NodeOutput:
-        from ..models.h3_text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings
+    def execute(cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING,
+                save_as="") -> io.NodeOutput:
+        from ..models.h3_text import (EMBEDDING_FOLDER, H3TextEncoder, encode_prompt, load_embeddings, output_path,
+                                      save_embeddings, vision_rows)
 
+        save_path = output_path(save_as) if save_as and save_as.strip() else None  # refuse a bad name up front
         if embedding_file:
-            embeds, tags = load_embeddings(embedding_file)
+            embeds, tags = load_embeddings(compat.model_file_path(EMBEDDING_FOLDER, embedding_file))
         else:
             if not isinstance(text_encoder, H3TextEncoder):
                 raise ValueError("OmniVideo H3 Text Encode needs a text_encoder from OmniVideo H3 Text Encoder Loader "
@@ -198,12 +213,11 @@ class OmniVideoH3TextEncode(io.ComfyNode):
             finally:
                 text_encoder.model.to("cpu")  # the 32B encoder must not stay beside the transformer
                 compat.free_memory()
-        n_vision = int((tags == 0).sum())
-        if keyframes and n_vision == 0:
+        if keyframes and vision_rows(tags) == 0:
             raise ValueError(f"{embedding_file or 'the embedding'} was made without keyframes; re-encode the prompt "
                              "with the keyframes connected.")
-        if save_as:
-            save_embeddings(save_as, embeds, tags, keyframes=len(keyframes["anchors"]) if keyframes else 0)
+        if save_path is not None:
+            save_embeddings(save_path, embeds, tags, keyframes=len(keyframes["anchors"]) if keyframes else 0)
         extras = {"text_token_tags": tags}
         if keyframes:
             extras["h3_keyframes"] = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")}
@@ -226,22 +240,10 @@ class OmniVideoH3Decode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, audio_vae, samples) -> io.NodeOutput:
-        from ..pipelines.h3 import AUDIO_KEY
-        from ..pipelines.h3.decode import decode_audio, decode_video
+        from ..pipelines.h3.decode import decode
 
-        if AUDIO_KEY not in samples:
-            raise ValueError("this LATENT has no H3 audio latents; it must come from the OmniVideo Sampler in H3 mode.")
-        out = compat.intermediate_device(torch.device("cpu"))
-        try:
-            frames = decode_video(vae, samples["samples"], PLATFORM.device).to(out)
-            compat.check_interrupt()
-            wave = decode_audio(audio_vae, samples[AUDIO_KEY], PLATFORM.device).to(out)
-        finally:
-            vae.to("cpu")
-            audio_vae.to("cpu")
-            compat.free_memory()
-        rate = int(samples.get("h3_sample_rate", audio_vae.config.sampling_rate))
-        return io.NodeOutput(frames, {"waveform": wave, "sample_rate": rate})
+        frames, audio = decode(vae, audio_vae, samples, PLATFORM.device, progress=compat.ProgressBar)
+        return io.NodeOutput(frames, audio)
 
 
 NODES = [OmniVideoH3Loader, OmniVideoH3TextEncoderLoader, OmniVideoH3Keyframes, OmniVideoH3TextEncode,

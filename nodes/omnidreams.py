@@ -61,7 +61,9 @@ class OmniDreamsModelLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, window_frames=6, sink_frames=0, **_):
+    def validate_inputs(cls, window_frames=None, sink_frames=None, **_):
+        if window_frames is None or sink_frames is None:  # linked: checked when the node runs
+            return True
         try:
             ARSettings(window_frames=window_frames, sink_frames=sink_frames).slots()
         except ValueError as err:
@@ -112,8 +114,9 @@ class OmniDreamsTextEncode(io.ComfyNode):
             display_name="OmniDreams Text Encode",
             category="OmniVideo/OmniDreams",
             description=("Cosmos-Reason1 'full_concat' prompt embedding [1, 512, 100352]. save_as: if set, also "
-                         "writes it as .safetensors (relative names go to ComfyUI's output folder) for OmniDreams "
-                         "Load Text Embedding."),
+                         "writes it as .safetensors under ComfyUI's output folder (absolute paths and names leading "
+                         "out of it with '..' are refused); move it to models/text_encoders for OmniDreams Load "
+                         "Text Embedding."),
             inputs=[
                 TextEncoderType.Input("text_encoder"),
                 io.String.Input("prompt", multiline=True, default=""),
@@ -127,14 +130,28 @@ class OmniDreamsTextEncode(io.ComfyNode):
         if not isinstance(text_encoder, TextEncoder):
             raise ValueError("OmniDreams Text Encode needs the OmniDreams Text Encoder Loader's output "
                              f"(Cosmos-Reason1), got {type(text_encoder).__name__}")
+        path = _embedding_save_path(save_as) if save_as.strip() else None  # checked before the heavy encode
         embedding = encode_prompt(text_encoder, prompt)
-        if save_as.strip():
-            name = save_as.strip()
-            name = name if name.endswith(".safetensors") else name + ".safetensors"
-            output_dir = compat.output_directory()
-            path = save_embedding(name if os.path.isabs(name) else os.path.join(output_dir, name), embedding, prompt)
+        if path is not None:
+            save_embedding(path, embedding, prompt)
             compat.log.info("OmniDreams: saved the prompt embedding to %s", path)
         return io.NodeOutput(OmniVideoConditioning(FAMILY, embedding))
+
+
+def _embedding_save_path(save_as: str) -> str:
+    """save_as -> a path under ComfyUI's output folder (sub-folders allowed, '.safetensors' appended).
+    Absolute paths and names that lead out of the output folder ('..') are refused."""
+    name = save_as.strip()
+    name = name if name.endswith(".safetensors") else name + ".safetensors"
+    output_dir = os.path.realpath(compat.output_directory())
+    if os.path.isabs(name) or os.path.splitdrive(name)[0]:
+        raise ValueError(f"save_as must be a file name relative to ComfyUI's output folder ({output_dir}), "
+                         f"not an absolute path: {save_as!r}")
+    path = os.path.realpath(os.path.join(output_dir, name))
+    if os.path.commonpath([output_dir, path]) != output_dir or path == output_dir:
+        raise ValueError(f"save_as {save_as!r} leads outside ComfyUI's output folder ({output_dir}); use a plain "
+                         f"name such as my_prompt.safetensors or a sub-folder like prompts/my_prompt")
+    return path
 
 
 class OmniDreamsLoadTextEmbedding(io.ComfyNode):
@@ -162,6 +179,8 @@ def _size_inputs() -> list:
 
 
 def _size_ok(width, height):
+    if width is None or height is None:  # linked: checked when the node runs
+        return True
     return True if width % 16 == 0 and height % 16 == 0 else f"width/height must be multiples of 16: {width}x{height}"
 
 
@@ -181,7 +200,7 @@ class OmniDreamsEncodeFirstFrame(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, width=1280, height=704, **_):
+    def validate_inputs(cls, width=None, height=None, **_):
         return _size_ok(width, height)
 
     @classmethod
@@ -207,7 +226,7 @@ class OmniDreamsEncodeHDMap(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, width=1280, height=704, **_):
+    def validate_inputs(cls, width=None, height=None, **_):
         return _size_ok(width, height)
 
     @classmethod

@@ -57,10 +57,11 @@ class OmniVideoSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, frames=61, width=1280, height=704, **_):
-        if frames < 1:
+    def validate_inputs(cls, frames=None, width=None, height=None, **_):
+        # ComfyUI passes None for linked inputs; those are checked by the family's sampler.
+        if frames is not None and frames < 1:
             return f"frames must be >= 1, got {frames}"
-        if width % 16 or height % 16:
+        if width is not None and height is not None and (width % 16 or height % 16):
             return f"width and height must be multiples of 16, got {width}x{height}"
         return True
 

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backends import PLATFORM, Platform, resolve
-from ..backends.attention import SPARSE
+from ..backends.attention import SPARSE, block_size_error
 from ..kernels.attention_layout import AttnLayout
 
 log = logging.getLogger("omnivideo")
@@ -64,9 +64,7 @@ def validate(backend: str, sparsity: float, start_step: int, skip_layers: str, b
     bs = int(block_size)
     if bs < 16 or bs & (bs - 1):
         return f"block_size {bs} must be a power of two >= 16 (128 is the RainFusion default)"
-    if platform.name == "npu" and bs != 128:
-        return f"block_size {bs} is not supported on Ascend NPU: MindIE-SD's rf_v2 kernel needs 128"
-    return None
+    return block_size_error(platform, bs)
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,20 @@ class AttentionConfig:
     @property
     def is_sparse(self) -> bool:
         return self.backend == "rainfusion" or self.backend in SPARSE
+
+
+def normalize_config(config) -> AttentionConfig:
+    """The one reading of an attention input: an OMNIVIDEO_ATTENTION (AttentionConfig), a plain dict of its
+    fields, or None (unconnected) = `AttentionConfig()`, i.e. backend "auto": the registry's fastest exact
+    implementation on this machine - the same default for every model family."""
+    if config is None:
+        return AttentionConfig()
+    if isinstance(config, AttentionConfig):
+        return config
+    if isinstance(config, dict):
+        return AttentionConfig(**config)
+    raise TypeError(f"attention config must be an OMNIVIDEO_ATTENTION (AttentionConfig), a dict or None, "
+                    f"got {type(config).__name__}")
 
 
 @dataclass
@@ -152,7 +164,7 @@ def dense_reason(config: AttentionConfig, q, k, layout: AttnLayout | None, step:
 
 
 def _impl(requested: str, exact: bool | None, platform: Platform):
-    # resolved per call (cheap: probes are cached imports), so fakes/env changes take effect at once
+    # resolved per call: the registry caches its answers per (op, requested, platform, exact)
     res = resolve("attention", requested, platform, exact=exact)
     return res.name, res.load()
 
@@ -171,14 +183,16 @@ def sparse_backend(config: AttentionConfig, platform: Platform | None = None):
     return _impl(requested, False, platform)
 
 
-def attention(q, k, v, config: AttentionConfig | None = None, *, scale: float | None = None,
+def attention(q, k, v, config: AttentionConfig | dict | None = None, *, scale: float | None = None,
               layout: AttnLayout | None = None, step: int | None = None, layer: int | None = None,
               stats: AttentionStats | None = None, platform: Platform | None = None):
-    """Attention over [B, S, H, D] q, k, v through the registry; returns [B, S, H, D]."""
+    """Attention over [B, S, H, D] q, k, v through the registry; returns [B, S, H, D].
+
+    `config`: see `normalize_config` (None = backend "auto", the registry's exact default)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"attention expects q, k, v as [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
-    config = config or AttentionConfig(backend="auto")
+    config = normalize_config(config)
     if not config.is_sparse:
         _, fn = dense_backend(config, platform)
         return fn(q, k, v, scale=scale, layout=layout)

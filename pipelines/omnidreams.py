@@ -95,9 +95,10 @@ class ARSettings:
         return self.sink_frames // self.len_t, (self.window_frames - self.sink_frames) // self.len_t
 
 
-def num_chunks_for_frames(frames: int) -> int:
-    """Smallest N whose 1 + (2N - 1) * 4 = 8N - 3 pixel frames cover `frames`."""
-    return max(1, math.ceil((frames + 3) / 8))
+def num_chunks_for_frames(frames: int, len_t: int = 2) -> int:
+    """Smallest N whose pixel_frames(N, len_t) = 1 + (len_t N - 1) * 4 = 4 len_t N - 3 cover `frames`
+    (8N - 3 for the released len_t = 2)."""
+    return max(1, math.ceil((frames + VAE_TEMPORAL - 1) / (VAE_TEMPORAL * len_t)))
 
 
 def pixel_frames(num_chunks: int, len_t: int = 2) -> int:
@@ -252,7 +253,7 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
         h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
         compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
     settings = ARSettings(**model.extras.get("ar", {}))
-    n = num_chunks_for_frames(frames)
+    n = num_chunks_for_frames(frames, settings.len_t)
     if pixel_frames(n, settings.len_t) != frames:
         compat.log.info("OmniDreams: %d frames rounded up to %d (%d chunks)", frames,
                         pixel_frames(n, settings.len_t), n)
@@ -268,8 +269,10 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
                              f"{h}x{w}: give at least {pixel_frames(n, settings.len_t)} HD-map frames at "
                              f"{w * VAE_SPATIAL}x{h * VAE_SPATIAL}")
     bar = progress(n) if progress is not None else None
-    z = rollout(dit, text, num_chunks=n, latent_hw=(h, w), seed=seed, first_frame=first, hdmap=hdmap,
-                settings=settings, attention_config=model.attention, progress=bar)
-    z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
-    compat.free_memory()
+    try:
+        z = rollout(dit, text, num_chunks=n, latent_hw=(h, w), seed=seed, first_frame=first, hdmap=hdmap,
+                    settings=settings, attention_config=model.attention, progress=bar)
+        z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
+    finally:
+        compat.free_memory()  # also on interrupt or error: return the freed KV window's blocks
     return {"samples": z}

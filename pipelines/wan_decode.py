@@ -13,7 +13,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, u
 
 from .. import compat
 from ..backends import PLATFORM, resolve
-from ..models.wan_vae_convert import diffusers_vae_from_comfy
+from ..models.wan_vae_convert import diffusers_vae_from_comfy, wan_version
 from ..models.wan_vae_fused import install_fused_decoder
 
 # node choice -> registry implementation name
@@ -75,7 +75,7 @@ def decode_latent(vae: AutoencoderKLWan, z: torch.Tensor, progress: compat.Progr
 
 def validate_latent(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
     """Reject what the decoder cannot take, before any heavy work."""
-    expected, version = vae.config.z_dim, "2.2" if vae.config.is_residual else "2.1"
+    expected, version = vae.config.z_dim, wan_version(vae)
     if not isinstance(z, torch.Tensor) or z.dim() != 5:
         shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
         raise ValueError(
@@ -97,14 +97,18 @@ def validate_latent(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
 
 def decode_to_images(comfy_vae, z: torch.Tensor, fusion: str = "auto") -> torch.Tensor:
     """ComfyUI's VAE + raw Wan latent -> IMAGE [B*frames, H, W, 3] in [0, 1] (core VAEDecode's layout)."""
-    device = PLATFORM.device
-    vae = diffusers_vae_from_comfy(comfy_vae, device=device)
+    device, offload = PLATFORM.device, torch.device("cpu")
+    # The converted copy is cached on the VAE object in CPU memory, outside ComfyUI's model
+    # management; it visits the device only while decoding.
+    vae = diffusers_vae_from_comfy(comfy_vae, device=offload)
     validate_latent(vae, z)
     select_fusion(vae, fusion)
     try:
+        vae.to(device)
         video = decode_latent(vae, z.to(device=device, dtype=vae.dtype), compat.ProgressBar(z.shape[2]))
-        video = video.to(device=compat.intermediate_device(torch.device("cpu")), dtype=torch.float32)
+        video = video.to(device=compat.intermediate_device(offload), dtype=torch.float32)
         images = video.add_(1.0).div_(2.0).clamp_(0.0, 1.0)  # ComfyUI's VAE.process_output
         return images.movedim(1, -1).flatten(0, 1).contiguous()  # [B, C, F, H, W] -> [B*F, H, W, C]
     finally:
+        vae.to(offload)
         compat.free_memory()

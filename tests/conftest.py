@@ -48,3 +48,13 @@ def fake_torch_npu(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     return module
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backend_resolutions():
+    """`resolve()` caches its answers per process; tests fake modules and env vars, so each starts clean."""
+    from omnivideo.backends.registry import clear_cache
+
+    clear_cache()
+    yield
+    clear_cache()

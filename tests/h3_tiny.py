@@ -7,7 +7,6 @@ The spec's audio VAE lists latent_channels=8, which cannot feed the spec's trans
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

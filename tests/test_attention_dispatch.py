@@ -122,3 +122,52 @@ def test_video_must_be_the_tail_of_the_real_rows():
     assert why[0] == "layout inconsistent" and "tail" in why[1]
     assert math.prod(GRID) + PREFIX == q.shape[1]
     assert PLATFORM.name in ("cpu", "cuda", "npu")
+
+
+def test_unconnected_attention_is_the_same_default_for_every_family():
+    from omnivideo.models import h3_attention
+
+    assert h3_attention.normalize_config is A.normalize_config  # one normaliser, used by H3 and OmniDreams
+    assert A.normalize_config(None) == A.AttentionConfig() and A.AttentionConfig().backend == "auto"
+    cfg = A.AttentionConfig("rainfusion", sparsity=0.5)
+    assert A.normalize_config(cfg) is cfg
+    assert A.normalize_config({"backend": "rainfusion", "sparsity": 0.5}) == cfg
+    with pytest.raises(TypeError, match="AttentionConfig"):
+        A.normalize_config("sdpa")
+    q, k, v = qkv()
+    # None and a plain dict go through the same path as the config object (a dict used to crash on .is_sparse)
+    torch.testing.assert_close(A.attention(q, k, v, None), A.attention(q, k, v, A.AttentionConfig()))
+    torch.testing.assert_close(A.attention(q, k, v, {"backend": "sdpa"}), dense(q, k, v), atol=1e-6, rtol=1e-5)
+    # the H3 text refiner follows the same default (used to be pinned to sdpa)
+    state = h3_attention.H3AttentionState(A.normalize_config(None))
+    assert state.config.backend == "auto" and state.refiner_config.backend == "auto"
+
+
+def test_npu_block_size_rule_lives_in_the_backends():
+    import inspect
+
+    from omnivideo.backends.attention import block_size_error
+
+    npu = Platform("npu", torch.device("cpu"), "test")
+    assert block_size_error(npu, 128) is None and block_size_error(CPU, 64) is None
+    assert "Ascend NPU" in block_size_error(npu, 64)
+    assert "Ascend NPU" in A.validate("rainfusion", 0.8, 0, "", 64, npu)  # validate still reports it
+    assert A.validate("rainfusion", 0.8, 0, "", 64, CPU) is None
+    assert '"npu"' not in inspect.getsource(A)  # the pipeline does not know devices
+
+
+def test_resolve_is_cached_per_request(monkeypatch):
+    from omnivideo.backends import registry
+
+    probes = []
+    sdpa_impl = registry.implementations("attention")["sdpa"]
+    fake = registry.Impl("attention", "probe_counter", ("cpu",), sdpa_impl.loader,
+                         lambda platform: probes.append(platform.name))
+    monkeypatch.setitem(registry._OPS["attention"].impls, "probe_counter", fake)
+    first = resolve("attention", "probe_counter", CPU)
+    assert resolve("attention", "probe_counter", Platform("cpu", torch.device("cpu"), "other")) is first
+    assert probes == ["cpu"]  # probed once for (op, requested, platform name, exact)
+    resolve("attention", "probe_counter", CPU, exact=None)
+    assert probes == ["cpu", "cpu"]  # another key
+    registry.clear_cache()
+    assert resolve("attention", "probe_counter", CPU) is not first and len(probes) == 3

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from omnivideo.backends import backend_report, detect, resolve
+from omnivideo.backends.registry import clear_cache
 from omnivideo.kernels.attention_layout import AttnLayout
 from omnivideo.kernels.attention_torch import rainfusion_reference
 from omnivideo.pipelines.attention import AttentionConfig, AttentionStats, attention, validate
@@ -72,6 +73,7 @@ def test_registry_picks_mindie_paths_on_npu(NPU, mindiesd, monkeypatch):
     assert resolve("attention", "auto", NPU, exact=False).name == "npu_rainfusion"
     assert resolve("attention", "npu_laser", NPU).name == "npu_fusion_varlen"  # laser is opt-in
     monkeypatch.setenv("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
+    clear_cache()
     assert resolve("attention", "auto", NPU).name == "npu_laser"
     text = backend_report(NPU)
     assert "attention: auto -> npu_laser" in text and "npu_rainfusion: usable" in text
@@ -83,6 +85,7 @@ def test_missing_mindiesd_ops_fall_back_and_say_why(NPU, mindiesd, monkeypatch):
     assert res.name == "torch_block_sparse" and "mindiesd has no sparse_attention" in res.reason
     assert "npu_rainfusion: unusable - mindiesd has no sparse_attention" in backend_report(NPU)
     monkeypatch.setitem(sys.modules, "mindiesd", None)
+    clear_cache()
     res = resolve("attention", "npu_fusion_varlen", NPU)
     assert res.name == "flash_varlen" and "mindiesd is not importable" in res.reason
 

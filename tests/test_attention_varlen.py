@@ -64,3 +64,49 @@ def test_unusable_lengths_raise_instead_of_attending_padding():
         sdpa(q, k, v, layout=AttnLayout(kv_lengths=(USED,)))
     with pytest.raises(ValueError, match="valid_kv_length"):
         flash_varlen(q, k, v, layout=AttnLayout(kv_lengths=(0, S + 1)))
+
+
+def test_cudnn_preference_is_ordered(monkeypatch):
+    """sdpa_kernel only honours the listed order with set_priority=True; a torch without it still works."""
+    import contextlib
+
+    import torch.nn.attention as nn_attention
+
+    from omnivideo.kernels import attention_torch
+
+    calls = []
+
+    def fake(backends, set_priority=False):
+        calls.append((list(backends), set_priority))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(nn_attention, "sdpa_kernel", fake)
+    with attention_torch._prefer([nn_attention.SDPBackend.CUDNN_ATTENTION, nn_attention.SDPBackend.MATH]):
+        pass
+    assert calls == [([nn_attention.SDPBackend.CUDNN_ATTENTION, nn_attention.SDPBackend.MATH], True)]
+
+    def old_torch(backends):  # no set_priority keyword: TypeError -> the plain restriction
+        calls.append((list(backends), None))
+        return contextlib.nullcontext()
+
+    calls.clear()
+    monkeypatch.setattr(nn_attention, "sdpa_kernel", old_torch)
+    with attention_torch._prefer([nn_attention.SDPBackend.MATH]):
+        pass
+    assert calls == [([nn_attention.SDPBackend.MATH], None)]
+
+
+def test_scale_and_stats_helpers_are_shared():
+    from omnivideo.kernels import attention_flex, attention_layout, attention_npu, attention_torch, rainfusion
+
+    assert attention_torch._scale is attention_layout.resolve_scale is attention_npu._scale
+    assert attention_flex.resolve_scale is attention_layout.resolve_scale
+    assert attention_torch.record_stats is rainfusion.record_stats is attention_flex.record_stats
+    q = torch.zeros(1, 2, 1, 16)
+    assert attention_layout.resolve_scale(q, None) == 0.25 and attention_layout.resolve_scale(q, 2) == 2.0
+    plan = rainfusion.plan_and_permute(*qkv(s=3 * 16 * 16 + 16), (3, 16, 16), 16, 0.5, 0.25, 64)[3]
+    stats = {}
+    rainfusion.record_stats(stats, plan)
+    assert stats == {"kept_blocks": plan.kept_blocks, "total_blocks": plan.block_mask.numel(),
+                     "realized_sparsity": plan.realized_sparsity, "nominal_sparsity": 0.5}
+    rainfusion.record_stats(None, plan)  # no stats dict: nothing to do

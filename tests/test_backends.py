@@ -8,6 +8,7 @@ import torch
 
 from omnivideo import compat
 from omnivideo.backends import Platform, backend_report, detect, implementations, platform, resolve
+from omnivideo.backends.registry import clear_cache
 from omnivideo.nodes.backend_info import OmniVideoBackendInfo
 
 CPU = Platform("cpu", torch.device("cpu"), "test")
@@ -78,6 +79,8 @@ def test_wan_vae_resolution_per_platform(monkeypatch, NPU):
     assert on_npu.name == "torch_fused" and "this is npu" in on_npu.reason
     assert resolve("wan_vae", "reference", NPU).reason == "requested"
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CPU interpreter makes Triton usable (tests)
+    assert resolve("wan_vae", "triton", CPU).name == "torch_fused"  # answers are cached per process...
+    clear_cache()  # ...until the cache is cleared
     assert resolve("wan_vae", "triton", CPU).name == "triton"
 
 
@@ -85,6 +88,7 @@ def test_npu_attention_needs_mindiesd(monkeypatch, fake_mindiesd, NPU):
     assert resolve("attention", "npu_fusion_varlen", NPU).name == "npu_fusion_varlen"
     monkeypatch.delitem(sys.modules, "mindiesd")
     monkeypatch.setitem(sys.modules, "mindiesd", None)
+    clear_cache()
     fell = resolve("attention", "npu_fusion_varlen", NPU)
     assert fell.name != "npu_fusion_varlen" and "mindiesd is not importable" in fell.reason
     assert resolve("attention", "npu_fusion_varlen", CPU).name != "npu_fusion_varlen"

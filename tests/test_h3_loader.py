@@ -163,3 +163,29 @@ def test_text_encoder_folder_loads_and_checks_layer(tmp_path):
         load_text_encoder(folder, torch.float32)  # the released layer on a 4-layer model
     with pytest.raises(FileNotFoundError, match="holds no Qwen3-VL config.json"):
         load_text_encoder(tmp_path, torch.float32)
+
+
+def test_build_model_reads_the_state_dict_once(tiny, monkeypatch):
+    """Shapes are computed once, not a fresh model.state_dict() per key (quadratic on 1000s of keys)."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from omnivideo.models import h3_loader
+
+    transformer = tiny[0]
+    calls = []
+    real = torch.nn.Module.state_dict
+
+    def counting(self, *a, **k):
+        if isinstance(self, MiniMaxH3Transformer3DModel):
+            calls.append(1)
+        return real(self, *a, **k)
+
+    sd = {k: v.clone() for k, v in transformer.state_dict().items()}
+    monkeypatch.setattr(torch.nn.Module, "state_dict", counting)
+    model = h3_loader.build_model(MiniMaxH3Transformer3DModel, dict(transformer.config), sd, torch.float32, "tiny")
+    assert len(calls) == 1 < len(sd)
+    assert torch.equal(dict(model.named_parameters())["proj_in.weight"], transformer.proj_in.weight)
+    key = "proj_in.weight"
+    bad = {**sd, key: torch.zeros(3, 3)}
+    with pytest.raises(H3LoadError, match=r"proj_in.weight has shape \(3, 3\), the config expects"):
+        h3_loader.build_model(MiniMaxH3Transformer3DModel, dict(transformer.config), bad, torch.float32, "tiny")

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from omnivideo import compat
-from omnivideo.models.h3_loader import load_h3
 from omnivideo.models.h3_text import H3TextEncoder
 from omnivideo.nodes import h3 as nodes
 from omnivideo.nodes.sampler import OmniVideoSampler
@@ -34,18 +33,18 @@ def test_schemas():
     assert nodes.OmniVideoH3Keyframes.validate_inputs(width=100, height=64).startswith("width and height")
 
 
-def test_fl2va_through_the_nodes(loaded, tmp_path):
+def test_fl2va_through_the_nodes(loaded, tmp_path, monkeypatch):
     model, vae, audio_vae, te = loaded
+    monkeypatch.setattr(compat, "output_directory", lambda: str(tmp_path))  # save_as writes under the output folder
     image = torch.rand(1, 80, 120, 3)
     kf = nodes.OmniVideoH3Keyframes.execute(vae, WIDTH, HEIGHT, first_image=image)[0]
-    cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, keyframes=kf,
-                                               save_as=str(tmp_path / "fox"))[0]
+    cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, keyframes=kf, save_as="fox")[0]
     assert cond.family == "h3" and int((cond.extras["text_token_tags"] == 0).sum()) > 0
     assert cond.extras["h3_keyframes"]["anchors"] == ("first",)
     # the saved embedding reproduces the conditioning without the encoder
     again = nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file=str(tmp_path / "fox.safetensors"))[0]
     assert torch.equal(again.text, cond.text)
-    plain = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as=str(tmp_path / "plain"))[0]
+    plain = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="plain")[0]
     assert plain.extras.get("h3_keyframes") is None
     with pytest.raises(ValueError, match="made without keyframes"):
         nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file=str(tmp_path / "plain.safetensors"))
@@ -82,3 +81,99 @@ def test_sampler_steps_default_and_interrupt(loaded, monkeypatch):
 def test_text_encode_needs_an_encoder():
     with pytest.raises(ValueError, match="needs a text_encoder"):
         nodes.OmniVideoH3TextEncode.execute("A fox.")
+
+
+def test_save_as_stays_in_the_output_folder(loaded, tmp_path, monkeypatch):
+    te = loaded[3]
+    out = tmp_path / "output"
+    out.mkdir()
+    monkeypatch.setattr(compat, "output_directory", lambda: str(out))
+    for bad, why in [(str(tmp_path / "abs"), "absolute path"), ("../escape", "'..' is not allowed"),
+                     ("a/../../escape", "'..' is not allowed")]:
+        with pytest.raises(ValueError, match=why):
+            nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as=bad)
+    assert not (tmp_path / "abs.safetensors").exists() and not (tmp_path / "escape.safetensors").exists()
+    (tmp_path / "elsewhere").mkdir()
+    (out / "link").symlink_to(tmp_path / "elsewhere")  # a name that leaves through a symlink
+    with pytest.raises(ValueError, match="outside ComfyUI's output folder"):
+        nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="link/fox")
+    nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="prompts/fox")
+    assert (out / "prompts" / "fox.safetensors").is_file()
+
+
+def test_embedding_file_is_a_text_encoders_combo(loaded, tmp_path, monkeypatch):
+    te = loaded[3]
+    monkeypatch.setattr(compat, "output_directory", lambda: str(tmp_path))
+    cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="fox")[0]
+    monkeypatch.setattr(compat, "model_file_list",
+                        lambda folder: ["fox.safetensors", "qwen/tokenizer.json", "sub/b.safetensors"]
+                        if folder == "text_encoders" else [])
+    port = {p.id: p for p in nodes.OmniVideoH3TextEncode.define_schema().inputs}["embedding_file"]
+    assert port.io_type == "COMBO"
+    assert port.options["options"] == ["", "fox.safetensors", "sub/b.safetensors"]
+    asked = []
+
+    def model_file_path(folder, name):
+        asked.append((folder, name))
+        return str(tmp_path / name)
+
+    monkeypatch.setattr(compat, "model_file_path", model_file_path)
+    again = nodes.OmniVideoH3TextEncode.execute("", embedding_file="fox.safetensors")[0]
+    assert asked == [("text_encoders", "fox.safetensors")] and torch.equal(again.text, cond.text)
+
+
+def test_decode_reports_progress_and_offloads(loaded, monkeypatch):
+    model, vae, audio_vae, te = loaded
+    cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te)[0]
+    latent = OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)[0]
+    events = []
+
+    class Bar:
+        def __init__(self, total):
+            events.append(("total", total))
+
+        def update(self, n=1):
+            events.append(("update", n))
+
+    for name, vae_obj in (("vae", vae), ("audio_vae", audio_vae)):
+        real_to = vae_obj.to
+        monkeypatch.setattr(vae_obj, "to", lambda *a, _n=name, _to=real_to, **k: (events.append((_n, a, k)),
+                                                                                   _to(*a, **k))[1])
+    monkeypatch.setattr(compat, "ProgressBar", Bar)
+    images, audio = nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent).args
+    assert images.shape == (FRAMES, HEIGHT, WIDTH, 3) and audio["waveform"].shape[:2] == (1, 2)
+    assert [e for e in events if e[0] in ("total", "update")] == [("total", 2), ("update", 1), ("update", 1)]
+    assert events[-2:] == [("vae", ("cpu",), {}), ("audio_vae", ("cpu",), {})]  # offloaded at the end
+
+    events.clear()
+    monkeypatch.setattr(Bar, "update", lambda self, n=1: (compat.request_interrupt(), compat.check_interrupt()))
+    with pytest.raises(compat.InterruptedError_):  # cancelled after the video: the audio VAE never runs
+        nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent)
+    assert ("audio_vae", ("cpu",), {}) in events and not any(e[0] == "audio_vae" and e[1] != ("cpu",)
+                                                             for e in events)
+    with pytest.raises(ValueError, match="no H3 audio latents"):
+        nodes.OmniVideoH3Decode.execute(vae, audio_vae, {"samples": latent["samples"]})
+
+
+def test_sampler_offloads_the_transformer_and_checks_text_width(loaded, monkeypatch):
+    model, _, _, te = loaded
+    cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te)[0]
+    moves = []
+    real_to = model.transformer.to
+    monkeypatch.setattr(model.transformer, "to", lambda *a, **k: (moves.append(a), real_to(*a, **k))[1])
+    OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)
+    assert moves == [(model.device,), ("cpu",)]  # to the device for sampling, back to CPU afterwards
+
+    moves.clear()
+    monkeypatch.setattr(compat, "ProgressBar", lambda total: type("Cancel", (), {"update": lambda self, n=1: (
+        compat.request_interrupt(), compat.check_interrupt())})())
+    with pytest.raises(compat.InterruptedError_):
+        OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=3, width=WIDTH, height=HEIGHT)
+    assert moves[-1] == ("cpu",)  # offloaded on cancel too
+
+    moves.clear()
+    text_dim = model.transformer.config.text_dim
+    wide = cond.__class__(cond.family, torch.zeros(1, cond.text.shape[1], text_dim + 8), cond.extras)
+    with pytest.raises(ValueError, match=f"{text_dim + 8} wide but this transformer expects text_dim={text_dim}"):
+        OmniVideoSampler.execute(model, wide, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)
+    assert moves == []  # refused before the transformer is moved or run

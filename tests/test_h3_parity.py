@@ -49,8 +49,16 @@ def test_t2va_matches_modular_pipeline(h3):
     ref = _reference(pipe, emb, tags)
     cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags})
     ticks = []
-    out = sample(model, cond, seed=SEED, frames=FRAMES, steps=STEPS, width=WIDTH, height=HEIGHT,
-                 progress=lambda done, total: ticks.append((done, total)))
+
+    class Bar:  # the node contract: progress(total) -> object with update(n)
+        def __init__(self, total):
+            self.total, self.done = total, 0
+
+        def update(self, n=1):
+            self.done += n
+            ticks.append((self.done, self.total))
+
+    out = sample(model, cond, seed=SEED, frames=FRAMES, steps=STEPS, width=WIDTH, height=HEIGHT, progress=Bar)
     video, audio = _normalise(model, out)
     assert ticks == [(i, STEPS - 1) for i in range(1, STEPS)]  # steps = sigma points: N steps -> N-1 forwards
     assert _max_diff(video, ref["latents"]) <= TOL

@@ -111,3 +111,193 @@ def test_attention_with_a_longer_cached_window_is_plain_softmax():
     for config in (None, AttentionConfig(backend="sdpa")):
         torch.testing.assert_close(_attention(q, k, v, 1 / math.sqrt(32), config, (2, 2, 3), 0), ref,
                                    rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ whole forward vs the spec
+
+
+class SpecReferenceDiT:
+    """The DiT written again from the spec, in float64, from the STORED state dict (x_embedder with
+    the 4 padding-mask columns, final-layer rows in (kt kh kw c) order), with loops where the model
+    uses reshapes. Shares no code with models/omnidreams_dit.py."""
+
+    def __init__(self, sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig):
+        self.sd = {k: v.double() for k, v in sd.items()}
+        self.cfg = cfg
+        self.C, self.NH = cfg.model_channels, cfg.num_heads
+        self.D = self.C // self.NH
+
+    # -- primitives
+    def lin(self, x, key):
+        return x @ self.sd[key].T
+
+    @staticmethod
+    def rms(x, w, eps=1e-6):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+    @staticmethod
+    def layer_norm(x, eps=1e-6):  # no affine
+        m = x.mean(-1, keepdim=True)
+        return (x - m) / torch.sqrt(((x - m) ** 2).mean(-1, keepdim=True) + eps)
+
+    @staticmethod
+    def gelu(x):
+        return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+    @staticmethod
+    def silu(x):
+        return x * torch.sigmoid(x)
+
+    def heads(self, x):
+        return x.reshape(*x.shape[:-1], self.NH, self.D)
+
+    def attend(self, q, k, v):  # no mask, scale 1/sqrt(head_dim)
+        w = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.D), dim=-1)
+        return torch.einsum("bhqk,bkhd->bqhd", w, v).flatten(2)
+
+    # -- input side
+    def tokens(self, x, mask, hd):
+        """Token (t,h,w) t-major; features (c, kh, kw) channel-major. Stored x_embedder input channels:
+        16 latent + 1 condition mask + 1 always-zero padding mask (72 columns)."""
+        full = torch.cat([x, mask, torch.zeros_like(mask)], 1)
+        _, _, T, H, W = x.shape
+        gh, gw = H // 2, W // 2
+        tok = torch.zeros(1, T * gh * gw, 18 * 4, dtype=torch.float64)
+        tok_hd = torch.zeros(1, T * gh * gw, 16 * 4, dtype=torch.float64)
+        grid = []
+        for ti in range(T):
+            for hi in range(gh):
+                for wi in range(gw):
+                    n = len(grid)
+                    grid.append((ti, hi, wi))
+                    for c in range(18):
+                        for kh in range(2):
+                            for kw in range(2):
+                                tok[0, n, c * 4 + kh * 2 + kw] = full[0, c, ti, 2 * hi + kh, 2 * wi + kw]
+                                if c < 16:
+                                    tok_hd[0, n, c * 4 + kh * 2 + kw] = hd[0, c, ti, 2 * hi + kh, 2 * wi + kw]
+        return tok, tok_hd, grid
+
+    def timestep(self, t):
+        """t (bf16-cast) * 0.001 -> sinusoid (cos first), f_i = exp(-ln(1e4) i / (C/2))."""
+        ts = float(torch.tensor(t).to(torch.bfloat16)) * 0.001
+        half = self.C // 2
+        f = torch.tensor([math.exp(-math.log(1e4) * i / half) for i in range(half)], dtype=torch.float64)
+        s = torch.cat([torch.cos(ts * f), torch.sin(ts * f)])[None, None]
+        lora = self.lin(self.silu(self.lin(s, "t_embedder.1.linear_1.weight")), "t_embedder.1.linear_2.weight")
+        return self.rms(s, self.sd["t_embedding_norm.weight"]), lora
+
+    def rope_angles(self, positions):
+        """Per token, D/2 angles laid out [t, h, w]; theta = 1e4 * ratio^(dim/(dim-2)), ratios 1, 3, 3."""
+        d_hw = self.D // 6 * 2
+        d_t = self.D - 2 * d_hw
+
+        def freqs(dim, ratio):
+            theta = 1e4 * ratio ** (dim / (dim - 2))
+            return [1 / theta ** (2 * i / dim) for i in range(dim // 2)]
+
+        ft, fh, fw = freqs(d_t, 1.0), freqs(d_hw, 3.0), freqs(d_hw, 3.0)
+        return torch.tensor([[p[0] * a for a in ft] + [p[1] * a for a in fh] + [p[2] * a for a in fw]
+                             for p in positions], dtype=torch.float64)
+
+    def rope(self, q, ang):
+        """Rotate-half pairs (d, d + D/2), both with angle d."""
+        a = ang[None, :, None, :]
+        q1, q2 = q[..., :self.D // 2], q[..., self.D // 2:]
+        return torch.cat([q1 * a.cos() - q2 * a.sin(), q2 * a.cos() + q1 * a.sin()], -1)
+
+    # -- the network
+    def forward(self, x, t, text, mask, hd, t_offset, history=None):
+        """Returns (flow [1,16,T,H,W], per-block (k, v) after RoPE for the cache).
+        history: per-block (k, v) of earlier chunks, attended to before this chunk's own K/V."""
+        sd = self.sd
+        tok, tok_hd, grid = self.tokens(x, mask, hd)
+        hid = self.lin(tok, "x_embedder.proj.1.weight") + self.lin(tok_hd, "additional_patch_embedding.proj.1.weight")
+        emb, lora = self.timestep(t)
+        ang = self.rope_angles([(ti + t_offset, hi, wi) for ti, hi, wi in grid])
+        ctx = self.gelu(self.lin(text, "crossattn_proj.0.weight") + sd["crossattn_proj.0.bias"])
+        written = []
+        for b in range(self.cfg.num_blocks):
+            P = f"blocks.{b}."
+
+            def modulation(name):
+                m = self.lin(self.lin(self.silu(emb), P + f"adaln_modulation_{name}.1.weight"),
+                             P + f"adaln_modulation_{name}.2.weight") + lora
+                return m.chunk(3, -1)  # shift, scale, gate
+
+            shift, scale, gate = modulation("self_attn")
+            h = self.layer_norm(hid) * (1 + scale) + shift
+            q = self.rope(self.rms(self.heads(self.lin(h, P + "self_attn.q_proj.weight")),
+                                   sd[P + "self_attn.q_norm.weight"]), ang)
+            k = self.rope(self.rms(self.heads(self.lin(h, P + "self_attn.k_proj.weight")),
+                                   sd[P + "self_attn.k_norm.weight"]), ang)
+            v = self.heads(self.lin(h, P + "self_attn.v_proj.weight"))
+            written.append((k, v))
+            if history is not None:
+                k, v = torch.cat([history[b][0], k], 1), torch.cat([history[b][1], v], 1)
+            hid = hid + gate * self.lin(self.attend(q, k, v), P + "self_attn.output_proj.weight")
+
+            shift, scale, gate = modulation("cross_attn")
+            h = self.layer_norm(hid) * (1 + scale) + shift
+            q = self.rms(self.heads(self.lin(h, P + "cross_attn.q_proj.weight")), sd[P + "cross_attn.q_norm.weight"])
+            k = self.rms(self.heads(self.lin(ctx, P + "cross_attn.k_proj.weight")), sd[P + "cross_attn.k_norm.weight"])
+            v = self.heads(self.lin(ctx, P + "cross_attn.v_proj.weight"))
+            hid = hid + gate * self.lin(self.attend(q, k, v), P + "cross_attn.output_proj.weight")
+
+            shift, scale, gate = modulation("mlp")
+            h = self.layer_norm(hid) * (1 + scale) + shift
+            hid = hid + gate * self.lin(self.gelu(self.lin(h, P + "mlp.layer1.weight")), P + "mlp.layer2.weight")
+
+        m = self.lin(self.lin(self.silu(emb), "final_layer.adaln_modulation.1.weight"),
+                     "final_layer.adaln_modulation.2.weight") + lora[..., :2 * self.C]
+        shift, scale = m.chunk(2, -1)
+        o = self.lin(self.layer_norm(hid) * (1 + scale) + shift, "final_layer.linear.weight")
+        out = torch.zeros(x.shape, dtype=torch.float64)
+        for n, (ti, hi, wi) in enumerate(grid):
+            for kh in range(2):
+                for kw in range(2):
+                    for c in range(16):  # stored rows (kt kh kw c)
+                        out[0, c, ti, 2 * hi + kh, 2 * wi + kw] = o[0, n, (kh * 2 + kw) * 16 + c]
+        return out, written
+
+
+def test_forward_matches_spec_reference():
+    """The fp32 model (stored checkpoint -> loader fusions -> forward) against SpecReferenceDiT:
+    chunk 0 (pinned frame-0 mask, offset 0, t = 803.57 as bf16) and chunk 1 (offset 2, t = 128)
+    attending to chunk 0's K/V through the real rolling cache."""
+    from omnidreams_tiny import stored_state_dict
+
+    from omnivideo.models.omnidreams_loader import build_model
+    from omnivideo.pipelines.kv_cache import RollingKVCache
+
+    stored = stored_state_dict(TINY, seed=5)
+    model = build_model(stored, torch.float32, torch.device("cpu"))
+    ref = SpecReferenceDiT(stored, TINY)
+    g = torch.Generator().manual_seed(0)
+    T, H, W = 2, 4, 6
+    x0, x1, hd0, hd1 = (torch.randn(1, 16, T, H, W, generator=g, dtype=torch.float64) for _ in range(4))
+    text = torch.randn(1, 16, TINY.text_in_dim, generator=g, dtype=torch.float64)
+    mask = torch.zeros(1, 1, T, H, W, dtype=torch.float64)
+    mask[:, :, 0] = 1
+
+    want0, kv0 = ref.forward(x0, 803.5714285714286, text, mask, hd0, t_offset=0)
+    want1, _ = ref.forward(x1, 128.0, text, torch.zeros_like(mask), hd1, t_offset=2, history=kv0)
+
+    cache = RollingKVCache(num_blocks=TINY.num_blocks, chunk_tokens=T * (H // 2) * (W // 2), window_chunks=3,
+                           heads=TINY.num_heads, head_dim=TINY.head_dim, dtype=torch.float32,
+                           device=torch.device("cpu"))
+    cross = model.cross_kv(text.float())
+    with torch.no_grad():
+        cache.begin_chunk()
+        got0 = model(x0.float(), 803.5714285714286, cross, cond_mask=mask.float(), hdmap=hd0.float(), t_offset=0,
+                     kv_cache=cache)
+        cache.begin_chunk()
+        got1 = model(x1.float(), 128.0, cross, hdmap=hd1.float(), t_offset=2, kv_cache=cache)
+
+    for got, want in ((got0, want0), (got1, want1)):
+        scale = float(want.abs().max())
+        assert scale > 0.1  # a non-trivial output
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * scale)
+    # the history matters: without it chunk 1 differs from what the model produced
+    alone, _ = ref.forward(x1, 128.0, text, torch.zeros_like(mask), hd1, t_offset=2)
+    assert (alone - want1).abs().max() > 1e-3

@@ -119,3 +119,35 @@ def test_node_schemas():
 def test_text_encode_rejects_another_familys_encoder():
     with pytest.raises(ValueError, match="Cosmos-Reason1"):
         nodes.OmniDreamsTextEncode.execute(object(), "a prompt")
+
+
+def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, monkeypatch):
+    from omnivideo.models.omnidreams_text import TextEncoder, load_embedding
+
+    out_dir = tmp_path / "output"
+    out_dir.mkdir()
+    monkeypatch.setattr(nodes.compat, "output_directory", lambda: str(out_dir))
+    encoded = []
+    emb = torch.randn(1, 512, 12)
+
+    def fake_encode(encoder, prompt):
+        encoded.append(prompt)
+        return emb
+
+    monkeypatch.setattr(nodes, "encode_prompt", fake_encode)
+    encoder = TextEncoder(torch.nn.Identity(), None, "tiny")
+
+    cond = nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
+    torch.testing.assert_close(cond.text, emb)
+    torch.testing.assert_close(load_embedding(str(out_dir / "prompts" / "night.safetensors")), emb)
+    nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as="a/../day.safetensors")  # stays inside: fine
+    assert (out_dir / "day.safetensors").is_file()
+    assert encoded == ["a car", "a car"]
+
+    for bad, why in ((str(tmp_path / "abs.safetensors"), "absolute"), ("/etc/x", "absolute"),
+                     ("../escape", "outside"), ("prompts/../../escape", "outside"), ("../output", "outside")):
+        with pytest.raises(ValueError, match=why):
+            nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=bad)
+    assert encoded == ["a car", "a car"]  # refused before the (heavy) encode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["output"]  # nothing written outside
+    assert not (tmp_path / "abs.safetensors").exists()

@@ -302,3 +302,150 @@ def test_sample_rejects_bad_inputs(model, text, first_frame):
 def test_frames_to_chunks():
     assert [pipe.num_chunks_for_frames(f) for f in (1, 5, 6, 13, 61, 62)] == [1, 1, 2, 2, 8, 9]
     assert [pipe.pixel_frames(n) for n in (1, 2, 8)] == [5, 13, 61]
+    for len_t in (1, 2, 3, 4):  # the smallest N whose pixel_frames(N, len_t) covers the request
+        for frames in range(1, 60):
+            n = pipe.num_chunks_for_frames(frames, len_t)
+            assert pipe.pixel_frames(n, len_t) >= frames and (n == 1 or pipe.pixel_frames(n - 1, len_t) < frames)
+
+
+def test_sample_uses_the_chunk_length_of_the_settings(model, text, first_frame):
+    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    z = pipe.sample(_handle(model, {"len_t": 1}), cond, seed=0, frames=9, steps=0, width=64, height=64)["samples"]
+    assert z.shape == (1, 16, 3, H, W)  # 9 frames = 1 + (3 - 1) * 4: three 1-frame chunks, not 2 x 2
+
+
+def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeypatch):
+    from omnivideo import compat
+    freed = []
+    monkeypatch.setattr(pipe.compat, "free_memory", lambda: freed.append(1))
+    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    pipe.sample(_handle(model), cond, seed=0, frames=5, steps=0, width=64, height=64)
+    assert freed == [1]
+
+    def interrupt():
+        raise compat.InterruptedError_("cancelled")
+
+    monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt)
+    with pytest.raises(compat.InterruptedError_):
+        pipe.sample(_handle(model), cond, seed=0, frames=5, steps=0, width=64, height=64)
+    assert freed == [1, 1]
+
+
+# ------------------------------------------------------------------ the per-chunk pseudo-code, call by call
+
+
+class _StubDiT:
+    """Stands in for the DiT: records every call's inputs; its flow is a fixed, simple function of
+    x, t and the HD-map slice (so a wrong input also changes the output)."""
+
+    config = TINY
+    device = torch.device("cpu")
+    dtype = torch.float32
+
+    def __init__(self):
+        self.calls = []
+
+    def cross_kv(self, text):
+        return [None] * TINY.num_blocks
+
+    def __call__(self, x, t, cross, *, cond_mask=None, hdmap=None, t_offset=0, kv_cache=None, attention_config=None):
+        self.calls.append({"x": x.clone(), "t": t, "mask": None if cond_mask is None else cond_mask.clone(),
+                           "hd": None if hdmap is None else hdmap.clone(), "offset": t_offset})
+        return _stub_flow(x, t, hdmap)
+
+
+def _stub_flow(x, t, hd):
+    return torch.tanh(x) * 0.3 + 0.01 * t / 1000 + (0 if hd is None else 0.1 * hd)
+
+
+class _NullCache:
+    def begin_chunk(self):
+        return 0
+
+    def free(self):
+        pass
+
+
+def _warp(s):
+    return 5 * s / (1 + 4 * s)
+
+
+def _spec_replay(num_chunks, first_frame, hd, seed):
+    """The spec's per-chunk pseudo-code, literally: returns (emitted latent, the DiT calls it makes)."""
+    g = torch.Generator("cpu").manual_seed(seed)
+    shape = (1, 16, 2, H, W)
+    inject = torch.zeros(1, 1, 2, H, W)
+    inject[:, :, 0] = 1
+    image = torch.zeros(shape)
+    image[:, :, :1] = first_frame
+    sigma2, sigma_ctx = _warp(0.45), _warp(0.029)  # table index 550 (t 450) and 971 (t 128 snapped)
+    calls, emitted = [], []
+    for k in range(num_chunks):
+        pin = k == 0
+        hd_k = hd[:, :, 2 * k:2 * k + 2]
+
+        def F(x, t):
+            if pin:
+                x = x * (1 - inject) + image * inject
+            calls.append({"x": x.clone(), "t": t, "mask": inject if pin else None, "hd": hd_k, "offset": 2 * k})
+            return _stub_flow(x, t, hd_k)
+
+        x = torch.randn(shape, generator=g)  # draw 1
+        x0 = x - 1.0 * F(x, 1000.0)  # call 1
+        x = (1 - sigma2) * x0 + sigma2 * torch.randn(shape, generator=g)  # draw 2
+        x0 = x - sigma2 * F(x, 1000 * sigma2)  # call 2
+        if pin:
+            x0 = x0 * (1 - inject) + image * inject
+        xc = (1 - sigma_ctx) * x0 + sigma_ctx * torch.randn(shape, generator=g)  # draw 3
+        if pin:
+            xc = xc * (1 - inject) + image * inject  # before the K/V write
+        F(xc, 128.0)  # call 3: output discarded
+        emitted.append(x0)
+    return torch.cat(emitted, 2), calls
+
+
+def _rollout_vs_spec_replay(first_frame, num_chunks=4, seed=42, **rollout_kw):
+    """Mismatches between pipe.rollout (with the stub DiT) and the spec replay; [] = identical."""
+    hd = torch.randn(1, 16, 2 * num_chunks + 2, H, W, generator=torch.Generator().manual_seed(10))  # 2 spare
+    stub = _StubDiT()
+    out = pipe.rollout(stub, torch.zeros(1, 4, TINY.text_in_dim), num_chunks=num_chunks, latent_hw=(H, W),
+                       seed=seed, first_frame=first_frame, hdmap=hd, cache_factory=lambda **kw: _NullCache(),
+                       **rollout_kw)
+    want, ref_calls = _spec_replay(num_chunks, first_frame, hd, seed)
+    problems = []
+    if len(stub.calls) != len(ref_calls):
+        return [f"{len(stub.calls)} DiT calls, the spec makes {len(ref_calls)}"]
+    for i, (got, ref) in enumerate(zip(stub.calls, ref_calls)):
+        chunk, call = divmod(i, 3)
+        where = f"chunk {chunk} call {call + 1}"
+        if not torch.allclose(got["x"], ref["x"], rtol=0, atol=1e-6):
+            problems.append(f"{where}: x differs by {float((got['x'] - ref['x']).abs().max()):.3g}")
+        if got["t"] != pytest.approx(ref["t"], rel=1e-12):
+            problems.append(f"{where}: t {got['t']} != {ref['t']}")
+        if got["offset"] != ref["offset"]:
+            problems.append(f"{where}: time offset {got['offset']} != {ref['offset']}")
+        if ref["mask"] is None:
+            if got["mask"] is not None and got["mask"].any():
+                problems.append(f"{where}: a condition mask on an unpinned chunk")
+        elif got["mask"] is None or not torch.equal(got["mask"], ref["mask"]):
+            problems.append(f"{where}: condition mask is not 1 on frame 0 only")
+        if got["hd"] is None or not torch.equal(got["hd"], ref["hd"]):
+            problems.append(f"{where}: HD-map slice is not latent frames [{2 * chunk}, {2 * chunk + 2})")
+        if chunk == 0 and not torch.equal(got["x"][:, :, 0], first_frame[:, :, 0]):
+            problems.append(f"{where}: frame 0 is not the clean first-frame latent")
+    if not torch.allclose(out, want, rtol=0, atol=1e-6):
+        problems.append(f"emitted latent differs by {float((out - want).abs().max()):.3g}")
+    return problems
+
+
+def test_rollout_replays_the_spec_pseudo_code_call_by_call(first_frame):
+    """Every DiT call (x, timestep, condition mask, time offset, HD-map slice) and the emitted latent
+    equal a literal replay of the spec's per-chunk pseudo-code with the same stub network."""
+    assert _rollout_vs_spec_replay(first_frame) == []
+
+
+def test_spec_replay_catches_the_missing_context_reinjection(first_frame):
+    """The replay is sharp: the known port bug (no pin before the context call) shows up there."""
+    problems = _rollout_vs_spec_replay(first_frame, reinject_context=False)
+    assert problems and all(p.startswith("chunk 0 call 3") or p.startswith("emitted") for p in problems)
+    assert any("clean first-frame" in p for p in problems)

@@ -22,13 +22,29 @@ def encoder(encoder_folder):
     return te.load_text_encoder(encoder_folder, torch.float32, torch.device("cpu"))
 
 
-def test_token_ids_chat_template_and_padding(encoder):
+def test_token_ids_chat_template_and_padding(encoder, monkeypatch):
+    rendered = []
+    real_template = encoder.tokenizer.apply_chat_template
+
+    def spy(*args, **kw):
+        rendered.append(real_template(*args, **kw))
+        return rendered[-1]
+
+    monkeypatch.setattr(encoder.tokenizer, "apply_chat_template", spy)
     ids = te.prompt_token_ids(encoder.tokenizer, "a car drives down the road")
     assert ids.shape == (1, 512)
-    text = encoder.tokenizer.decode(ids[0][ids[0] != 0])
-    assert text.startswith("<|im_start|>") and "helpful assistant" in text and "assistant\n" not in text[-12:]
     n = int((ids[0] != 0).sum())
     assert torch.all(ids[0, n:] == 0)  # padded with pad_token_id
+    # the exact chat text: the full system prompt, the user turn, and NO generation prompt
+    # (add_generation_prompt=True would append "<|im_start|>assistant\n")
+    assert rendered == ["<|im_start|>system\nYou are a helpful assistant who will provide prompts to an image "
+                        "generator.<|im_end|>\n<|im_start|>user\na car drives down the road<|im_end|>\n"]
+    # ... and exactly its tokens (the tiny tokenizer is word-level: newlines vanish, "You" is not in its
+    # lower-case vocabulary), ending with <|im_end|>
+    expected = ("<|im_start|> system [UNK] are a helpful assistant who will provide prompts to an image generator . "
+                "<|im_end|> <|im_start|> user a car drives down the road <|im_end|>")
+    assert encoder.tokenizer.decode(ids[0, :n]) == expected
+    assert encoder.tokenizer.convert_ids_to_tokens(ids[0, :n].tolist()) == expected.split()
 
 
 def test_full_concat_shape_no_mask_and_normalisation(encoder, monkeypatch):
@@ -40,9 +56,15 @@ def test_full_concat_shape_no_mask_and_normalisation(encoder, monkeypatch):
         return real_forward(*args, **kw)
 
     monkeypatch.setattr(encoder.model, "forward", spy)
-    emb = te.encode_prompt(encoder, "a car drives down the road at night")
+    head_positions = []
+    hook = encoder.model.lm_head.register_forward_hook(lambda m, args, out: head_positions.append(args[0].shape[1]))
+    try:
+        emb = te.encode_prompt(encoder, "a car drives down the road at night")
+    finally:
+        hook.remove()
     assert emb.shape == (1, 512, LAYERS * HIDDEN)
     assert seen.get("attention_mask") is None and seen["output_hidden_states"]
+    assert all(n == 1 for n in head_positions)  # no [512, vocab] logits: at most one position reaches the head
 
     # independent reference: hidden_states[1:29], per-token (h - mean) / (unbiased std + 1e-8)
     ids = te.prompt_token_ids(encoder.tokenizer, "a car drives down the road at night")
@@ -82,3 +104,35 @@ def test_embedding_file_round_trip(tmp_path):
 def test_missing_folder_is_explained(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         te.load_text_encoder(str(tmp_path), torch.float32, torch.device("cpu"))
+
+
+def test_encoder_lives_on_cpu_and_visits_the_device_only_while_encoding(encoder_folder, monkeypatch):
+    """The 7B encoder must not hold accelerator memory between prompts: loaded on CPU, moved to the
+    device inside encode_prompt and back in a `finally` (also when the forward fails), then
+    compat.free_memory()."""
+    target = torch.device("cpu")  # the only device here; the moves are recorded instead
+    enc = te.load_text_encoder(encoder_folder, torch.float32, target)
+    assert enc.device == target and next(enc.model.parameters()).device.type == "cpu"
+    log = []
+    real_to, real_forward = enc.model.to, enc.model.forward
+    monkeypatch.setattr(enc.model, "to", lambda *a, **kw: (log.append(("to", str(a[0]))), real_to(*a, **kw))[1])
+    monkeypatch.setattr(te.compat, "free_memory", lambda: log.append(("free",)))
+
+    def forward(*args, **kw):
+        log.append(("forward", str(kw["input_ids"].device)))
+        return real_forward(*args, **kw)
+
+    monkeypatch.setattr(enc.model, "forward", forward)
+    te.encode_prompt(enc, "a car")
+    assert log == [("to", "cpu"), ("forward", "cpu"), ("to", "cpu"), ("free",)]
+
+    log.clear()
+
+    def failing(*args, **kw):
+        log.append(("forward",))
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(enc.model, "forward", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        te.encode_prompt(enc, "a car")
+    assert log == [("to", "cpu"), ("forward",), ("to", "cpu"), ("free",)]  # back to CPU all the same

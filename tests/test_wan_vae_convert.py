@@ -95,7 +95,7 @@ def test_wan21_round_trip_bit_exact(wan21):
 
     rebuilt = wc.build_diffusers_wan_vae(original)
     assert not rebuilt.training and wc.wan_version(rebuilt) == "2.1"
-    assert wc.expected_latent_channels(rebuilt) == 4 and wc.spatial_factor(rebuilt) == 8
+    assert rebuilt.config.z_dim == 4 and rebuilt.config.scale_factor_spatial == 8
     z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(2))
     want, got = decode(model, z), decode(rebuilt, z)
     assert want.shape == (1, 3, 9, 32, 32)
@@ -115,7 +115,7 @@ def test_wan22_round_trip_bit_exact(wan22):
 
     rebuilt = wc.build_diffusers_wan_vae(original)
     assert wc.wan_version(rebuilt) == "2.2"
-    assert wc.expected_latent_channels(rebuilt) == 6 and wc.spatial_factor(rebuilt) == 16
+    assert rebuilt.config.z_dim == 6 and rebuilt.config.scale_factor_spatial == 16
     z = torch.randn(1, 6, 3, 2, 2, generator=torch.Generator().manual_seed(3))
     want, got = decode(model, z), decode(rebuilt, z)
     assert want.shape == (1, 3, 9, 32, 32)
@@ -228,7 +228,7 @@ def test_comfy_wanvae_matches(version, capsys):
 
     vae = FakeComfyVAE(comfy_model, latent_channels=tiny["z_dim"])
     ours = wc.diffusers_vae_from_comfy(vae)
-    assert wc.expected_latent_channels(ours) == vae.latent_channels
+    assert ours.config.z_dim == vae.latent_channels
     z = torch.randn(1, tiny["z_dim"], 3, 4 if version == "2.1" else 2, 4 if version == "2.1" else 2,
                     generator=torch.Generator().manual_seed(5))
     with torch.no_grad():

@@ -15,8 +15,9 @@ from diffusers import MiniMaxH3Scheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from ... import compat
-from ...models.h3_attention import h3_attention, normalize_config, uses_packing
+from ...models.h3_attention import h3_attention, uses_packing
 from ...models.handles import OmniVideoConditioning, OmniVideoModel
+from ..attention import normalize_config
 from .geometry import AUDIO_CHANNELS, FPS, H3Geometry, resolve_shape
 from .layout import KEYFRAME_T, PAD_MULTIPLE, build_layout, patchify_video_latents, unpack_audio, unpatchify_video
 
@@ -27,15 +28,10 @@ AUDIO_KEY = "h3_audio_samples"
 DEFAULT_STEPS = 50  # sigma points incl. the terminal 0 -> 49 forwards; turbo LoRAs use 4-8
 
 
-def _progress_hook(progress, total: int):
-    """`progress`: None or a bar class (e.g. compat.ProgressBar, called with the total), a bar object with
-    update(n), or a callable(done, total)."""
-    if progress is None or isinstance(progress, type):
-        bar = (progress or compat.ProgressBar)(total)
-        return lambda done: bar.update(1)
-    if hasattr(progress, "update"):
-        return lambda done: progress.update(1)
-    return lambda done: progress(done, total)
+def _progress_bar(progress, total: int):
+    """The node contract: `progress` is a factory, progress(total) -> an object with update(n);
+    None = compat.ProgressBar (ComfyUI's bar inside ComfyUI)."""
+    return (progress or compat.ProgressBar)(total)
 
 
 def _schedulers(model: OmniVideoModel) -> tuple[MiniMaxH3Scheduler, MiniMaxH3Scheduler]:
@@ -63,6 +59,13 @@ def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: 
     if steps < 2:
         raise ValueError(f"steps={steps}: H3 needs at least 2 (the schedule includes its terminal 0; 2 = 1 forward).")
     geo: H3Geometry = model.extras["geometry"]
+    text_dim = getattr(model.transformer.config, "text_dim", None)
+    if text_dim is not None and conditioning.text.shape[-1] != int(text_dim):
+        raise ValueError(
+            f"The H3 text embedding is {conditioning.text.shape[-1]} wide but this transformer expects text_dim="
+            f"{text_dim}; encode the prompt with the text encoder that belongs to this model (or re-save the "
+            "embedding file with it)."
+        )
     keyframes = conditioning.extras.get("h3_keyframes")
     tags = conditioning.extras.get("text_token_tags")
     if tags is None:
@@ -105,16 +108,18 @@ def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: 
         raise ValueError("keyframe latents do not match the canvas; re-run OmniVideo H3 Keyframes at this size.")
 
     transformer = model.transformer
-    transformer.to(device)
-    text = conditioning.text.to(device)
-    tick = _progress_hook(progress, len(video_sched.timesteps))
+    bar = _progress_bar(progress, len(video_sched.timesteps))
     forward_kwargs = layout.forward_kwargs()
+    text = None
     try:
+        transformer.to(device)
+        text = conditioning.text.to(device)
         with torch.no_grad(), h3_attention(transformer, config) as attn_state:
             attn_state.expected = layout
-            for i, (t, ta) in enumerate(zip(video_sched.timesteps, audio_sched.timesteps)):
+            for i, t in enumerate(video_sched.timesteps):
                 compat.check_interrupt()
                 attn_state.step = i
+                ta = audio_sched.timesteps[i]  # the two schedules have the same length (set_timesteps(steps))
                 unique_t, t_index = layout.row_timesteps(float(t), float(ta))
                 v_pred, a_pred = transformer(
                     hidden_states=latents[None], audio_hidden_states=audio[None], encoder_hidden_states=text,
@@ -123,9 +128,9 @@ def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: 
                 )
                 latents[n_cond:] = video_sched.step(v_pred[0, n_cond:].float(), t, latents[n_cond:],
                                                     return_dict=False)[0]
-                audio = audio_sched.step(a_pred[0].float(), audio_sched.timesteps[i], audio, return_dict=False)[0]
+                audio = audio_sched.step(a_pred[0].float(), ta, audio, return_dict=False)[0]
                 del v_pred, a_pred
-                tick(i + 1)
+                bar.update(1)
         video_lat = unpatchify_video(latents[n_cond:], shape, geo)
         audio_lat = unpack_audio(audio, shape)
         video_lat, audio_lat = denormalize(model, video_lat, audio_lat)
@@ -133,6 +138,7 @@ def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: 
         return latent_dict(video_lat.to(out_device), audio_lat.to(out_device), shape.num_frames, geo.audio_sample_rate)
     finally:
         del latents, audio, text
+        transformer.to("cpu")  # offload, as Keyframes / Text Encode / Decode do with their models
         compat.free_memory()
 
 

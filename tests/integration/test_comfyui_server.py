@@ -5,7 +5,6 @@ Run:  COMFYUI_PATH=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/comfy-venv/bin/pytho
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import sys
