@@ -8,12 +8,9 @@ from .nodes import NODES
 __version__ = "0.1.0"
 
 
-def _schema(node):
-    return node.define_schema()
-
-
-NODE_CLASS_MAPPINGS = {_schema(n).node_id: n for n in NODES}
-NODE_DISPLAY_NAME_MAPPINGS = {_schema(n).node_id: _schema(n).display_name for n in NODES}
+_SCHEMAS = [(node, node.define_schema()) for node in NODES]  # once: loaders scan model folders
+NODE_CLASS_MAPPINGS = {schema.node_id: node for node, schema in _SCHEMAS}
+NODE_DISPLAY_NAME_MAPPINGS = {schema.node_id: schema.display_name for _, schema in _SCHEMAS}
 
 
 class OmniVideoExtension(ComfyExtension):

@@ -88,7 +88,7 @@ except Exception:  # pragma: no cover - exercised when ComfyUI is missing
     io, ComfyExtension = _FallbackIO, _FallbackIO.ComfyExtension
 
 
-class InterruptedError_(RuntimeError):
+class ProcessingInterrupted(RuntimeError):
     """Raised by `check_interrupt` outside ComfyUI when `request_interrupt` was called."""
 
 
@@ -108,7 +108,7 @@ def check_interrupt() -> None:
         _mm.throw_exception_if_processing_interrupted()
     elif _interrupt_requested:
         _interrupt_requested = False
-        raise InterruptedError_("processing interrupted")
+        raise ProcessingInterrupted("processing interrupted")
 
 
 class ProgressBar:

@@ -14,6 +14,11 @@ import torch.nn.functional as F
 CACHE_T = 2
 
 
+def supports(device) -> bool:
+    """Plain torch: any device."""
+    return True
+
+
 def cat_pad_5d(x, cache, padding, keep_cache_frames=0):
     """Return (padded conv input, next cache or None) like diffusers' cached conv call."""
     pad = list(padding)

@@ -194,6 +194,12 @@ def check_dup_up3d_add(main, source, factor_t, factor_s, repeats, drop_first):
     return full, drop
 
 
+
+def supports(device) -> bool:
+    """Plain torch: any device."""
+    return True
+
+
 # ----------------------------------------------------------------------------- ops
 
 

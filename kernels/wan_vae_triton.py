@@ -33,6 +33,11 @@ _BLOCK = 1 << 15 if _INTERPRET else 2048
 _MAX_INNER = 1 << 12 if _INTERPRET else 256
 
 
+def supports(device: torch.device) -> bool:
+    """CUDA tensors; CPU tensors only under the interpreter (tests)."""
+    return device.type == "cuda" or (device.type == "cpu" and _INTERPRET)
+
+
 def _device_guard(t):
     # torch.cuda.device() on a CPU tensor fails; the interpreter needs no guard.
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()

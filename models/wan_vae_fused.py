@@ -19,7 +19,6 @@ unsupported dtype/layout/device), runs diffusers' exact operation order instead.
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
@@ -34,18 +33,12 @@ LEVELS = ("reference", "torch_fused", "triton")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _device_ok(ops, device: torch.device) -> bool:
-    if ops.__name__.endswith("wan_vae_triton"):  # CUDA, or the CPU interpreter (tests only)
-        return device.type == "cuda" or device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-    return True
-
-
 def _fusable(ops, x: torch.Tensor, *others: torch.Tensor) -> bool:
     """The guard every fused call site checks first: inference, same dtype/device, and one
     memory format (as ATen reads it) across the operands, so outputs keep the reference's."""
     if ops is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    if x.dtype not in _DTYPES or not _device_ok(ops, x.device):
+    if x.dtype not in _DTYPES or not ops.supports(x.device):
         return False
     fmt = memory_format_of(x)
     return all(o.dtype == x.dtype and o.device == x.device and memory_format_of(o) == fmt for o in others)

@@ -55,7 +55,7 @@ class OmniDreamsModelLoader(io.ComfyNode):
                 io.Int.Input("window_frames", default=6, min=2, max=64, step=2),
                 io.Int.Input("sink_frames", default=0, min=0, max=62, step=2),
                 AttentionType.Input("attention", optional=True,
-                                    tooltip="From the attention selector; unconnected = sdpa."),
+                                    tooltip="From OmniVideo Attention; unconnected = the fastest exact backend (auto)."),
             ],
             outputs=[ModelType.Output(display_name="model")],
         )

@@ -182,7 +182,6 @@ def rollout(model: OmniDreamsDiT, text: torch.Tensor, *, num_chunks: int, latent
                 progress.update(1)
     finally:
         cache.free()  # also on interrupt: the window is GBs at 704x1280
-        del cross
     return out
 
 

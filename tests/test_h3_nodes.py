@@ -72,7 +72,7 @@ def test_sampler_steps_default_and_interrupt(loaded, monkeypatch):
 
     monkeypatch.setattr(compat, "ProgressBar", CancelAfterFirstStep)
     before = {k: type(v) for k, v in model.transformer.attn_processors.items()}
-    with pytest.raises(compat.InterruptedError_):
+    with pytest.raises(compat.ProcessingInterrupted):
         OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=0, width=WIDTH, height=HEIGHT)
     assert seen == [49]  # steps 0 -> the default 50 sigma points = 49 forwards; stopped after the first
     assert {k: type(v) for k, v in model.transformer.attn_processors.items()} == before  # restored
@@ -147,7 +147,7 @@ def test_decode_reports_progress_and_offloads(loaded, monkeypatch):
 
     events.clear()
     monkeypatch.setattr(Bar, "update", lambda self, n=1: (compat.request_interrupt(), compat.check_interrupt()))
-    with pytest.raises(compat.InterruptedError_):  # cancelled after the video: the audio VAE never runs
+    with pytest.raises(compat.ProcessingInterrupted):  # cancelled after the video: the audio VAE never runs
         nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent)
     assert ("audio_vae", ("cpu",), {}) in events and not any(e[0] == "audio_vae" and e[1] != ("cpu",)
                                                              for e in events)
@@ -167,7 +167,7 @@ def test_sampler_offloads_the_transformer_and_checks_text_width(loaded, monkeypa
     moves.clear()
     monkeypatch.setattr(compat, "ProgressBar", lambda total: type("Cancel", (), {"update": lambda self, n=1: (
         compat.request_interrupt(), compat.check_interrupt())})())
-    with pytest.raises(compat.InterruptedError_):
+    with pytest.raises(compat.ProcessingInterrupted):
         OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=3, width=WIDTH, height=HEIGHT)
     assert moves[-1] == ("cpu",)  # offloaded on cancel too
 

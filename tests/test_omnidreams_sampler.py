@@ -197,10 +197,10 @@ def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, mo
     def interrupt_on_fifth():
         calls["n"] += 1
         if calls["n"] == 5:
-            raise compat.InterruptedError_("cancelled")
+            raise compat.ProcessingInterrupted("cancelled")
 
     monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt_on_fifth)
-    with pytest.raises(compat.InterruptedError_):
+    with pytest.raises(compat.ProcessingInterrupted):
         _rollout(model, text, first_frame, num_chunks=3, cache_factory=factory)
     assert calls["n"] == 5 and caches[-1].k == []  # interrupted in chunk 1, between calls
 
@@ -323,10 +323,10 @@ def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeyp
     assert freed == [1]
 
     def interrupt():
-        raise compat.InterruptedError_("cancelled")
+        raise compat.ProcessingInterrupted("cancelled")
 
     monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt)
-    with pytest.raises(compat.InterruptedError_):
+    with pytest.raises(compat.ProcessingInterrupted):
         pipe.sample(_handle(model), cond, seed=0, frames=5, steps=0, width=64, height=64)
     assert freed == [1, 1]
 
