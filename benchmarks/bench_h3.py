@@ -59,10 +59,14 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     cond = OmniVideoConditioning("h3", emb, {"text_token_tags": torch.ones(64, dtype=torch.long)})
     stamps = []
 
-    def tick(done, total):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
+    class StepTimer:  # the sampler's progress contract: progress(total) -> object with update(n)
+        def __init__(self, total):
+            pass
+
+        def update(self, n=1):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
 
     import logging
     import re
@@ -75,7 +79,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    sample(model, cond, seed=0, frames=frames, steps=steps, width=width, height=height, progress=tick)
+    sample(model, cond, seed=0, frames=frames, steps=steps, width=width, height=height, progress=StepTimer)
     times = [b - a for a, b in zip([t0] + stamps[:-1], stamps)]
     # first forward excluded (warm-up, compiles); min of the rest: robust to other processes on a shared CPU
     per_step = min(times[1:]) if len(times) > 1 else times[0]

@@ -8,10 +8,10 @@ from .. import compat
 from ..compat import io
 from ..pipelines.attention import BACKENDS, MAX_SPARSITY, AttentionConfig, validate
 from ..pipelines.attention_patch import NativeAttentionPatch
+from .types import AttentionType
 
 log = logging.getLogger("omnivideo")
 
-AttentionType = io.Custom("OMNIVIDEO_ATTENTION")
 WRAPPER_KEY = "omnivideo_attention"
 
 

@@ -9,11 +9,9 @@ from .. import compat
 from ..backends import PLATFORM
 from ..compat import io
 from ..models.handles import OmniVideoConditioning
-from .sampler import ConditioningType, ModelType
+from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
 FAMILY = "h3"
-TextEncoderType = io.Custom("OMNIVIDEO_TEXT_ENCODER")
-AttentionType = io.Custom("OMNIVIDEO_ATTENTION")
 H3VaeType = io.Custom("OMNIVIDEO_H3_VAE")
 H3AudioVaeType = io.Custom("OMNIVIDEO_H3_AUDIO_VAE")
 KeyframesType = io.Custom("OMNIVIDEO_H3_KEYFRAMES")

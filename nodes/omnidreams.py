@@ -12,11 +12,9 @@ from ..models.handles import OmniVideoConditioning, OmniVideoModel
 from ..models.omnidreams_loader import DTYPES, load_omnidreams, resolve_dtype
 from ..models.omnidreams_text import TextEncoder, encode_prompt, load_embedding, load_text_encoder, save_embedding
 from ..pipelines.omnidreams import ARSettings, encode_first_frame, encode_hdmap
-from .sampler import ConditioningType, ModelType
+from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
 FAMILY = "omnidreams"
-TextEncoderType = io.Custom("OMNIVIDEO_TEXT_ENCODER")
-AttentionType = io.Custom("OMNIVIDEO_ATTENTION")
 DTYPE_CHOICES = ["auto", *DTYPES]
 
 

@@ -6,6 +6,7 @@ import importlib
 
 from .. import compat
 from ..compat import io
+from .types import ConditioningType, ModelType
 
 # family -> "module:function" with signature
 #   sample(model, conditioning, *, seed, frames, steps, width, height, progress) -> LATENT dict
@@ -15,9 +16,6 @@ SAMPLERS = {
     "h3": "..pipelines.h3:sample",
 }
 
-# Custom types shared by our nodes (same strings for every family).
-ModelType = io.Custom("OMNIVIDEO_MODEL")
-ConditioningType = io.Custom("OMNIVIDEO_CONDITIONING")
 
 
 def sampler_for(family: str):

@@ -21,13 +21,12 @@ import torch.nn.functional as F
 
 from .. import compat
 from ..models.omnidreams_dit import OmniDreamsDiT
+from ..models.wan_vae_convert import WAN21_CONFIG
 from .kv_cache import RollingKVCache
 
 # Wan 2.1 latent normalisation (= ComfyUI's Wan21 latent format): model latent = (mu - mean) / std
-LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-               0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
-LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-              3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+LATENT_MEAN = tuple(WAN21_CONFIG["latents_mean"])
+LATENT_STD = tuple(WAN21_CONFIG["latents_std"])
 VAE_SPATIAL, VAE_TEMPORAL = 8, 4
 DEFAULT_STEPS = 2
 NUM_TRAIN_TIMESTEPS, SHIFT = 1000, 5.0
