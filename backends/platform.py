@@ -16,6 +16,8 @@ import torch
 from .. import compat
 
 PLATFORMS = ("cuda", "npu", "cpu")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_CHOICES = ("auto", *DTYPES)  # what the loader nodes offer
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,15 @@ def detect() -> Platform:
 
 
 PLATFORM = detect()
+
+
+def resolve_dtype(choice: "str | torch.dtype", device: torch.device | None = None) -> torch.dtype:
+    """A loader's dtype choice. 'auto' = bf16 (the released precision) on accelerators, fp32 on
+    CPU, where bf16 matmuls are slow."""
+    if isinstance(choice, torch.dtype):
+        return choice
+    if choice == "auto":
+        return torch.float32 if (device or PLATFORM.device).type == "cpu" else torch.bfloat16
+    if choice not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}; got {choice!r}")
+    return DTYPES[choice]

@@ -26,11 +26,11 @@ from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3Vid
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
 from safetensors.torch import load_file
 
+from ..backends import resolve_dtype
 from ..pipelines.h3.geometry import H3Geometry
 
 log = logging.getLogger("omnivideo")
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CLASSES = {"transformer": MiniMaxH3Transformer3DModel, "vae": AutoencoderKLMiniMaxH3,
            "audio_vae": AutoencoderKLMiniMaxH3Audio}
 ORIGINAL_KEY = "token_refiner.blocks.0.attn.qkv_proj.weight"  # diffusers' marker of an original H3 checkpoint
@@ -213,13 +213,13 @@ def scheduler_configs(root: Path) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "bfloat16",
+def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "auto",
             transformer_file: str | os.PathLike | None = None, device: torch.device | None = None,
             attention=None):
     """-> (OmniVideoModel family "h3", video VAE, audio VAE). Everything stays on CPU until a node runs it."""
     from .handles import OmniVideoModel
 
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    dtype = resolve_dtype(dtype, device)
     root = check_folder(folder, need_transformer_weights=transformer_file is None)
     if transformer_file is not None:
         config = _transformer_config(root)

@@ -18,7 +18,6 @@ import torch
 
 from .omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PREFIX = "net."
 _LIST_LIMIT = 12  # keys named per category in an error message
 
@@ -149,12 +148,3 @@ def build_model(sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.d
 
 def load_omnidreams(path: str, dtype: torch.dtype, device: torch.device) -> OmniDreamsDiT:
     return build_model(read_state_dict(path), dtype, device, os.path.basename(path))
-
-
-def resolve_dtype(choice: str, device: torch.device) -> torch.dtype:
-    """'auto' = bf16 (the released precision) on accelerators, fp32 on CPU where bf16 matmuls are slow."""
-    if choice == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if choice not in DTYPES:
-        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {choice!r}")
-    return DTYPES[choice]

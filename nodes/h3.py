@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from .. import compat
-from ..backends import PLATFORM
+from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..models.handles import OmniVideoConditioning
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
@@ -16,7 +16,6 @@ H3VaeType = io.Custom("OMNIVIDEO_H3_VAE")
 H3AudioVaeType = io.Custom("OMNIVIDEO_H3_AUDIO_VAE")
 KeyframesType = io.Custom("OMNIVIDEO_H3_KEYFRAMES")
 FROM_FOLDER = "(transformer/ of the folder)"
-DTYPE_NAMES = ["bfloat16", "float16", "float32"]
 
 
 def _model_folders(kind: str, marker: str) -> list[str]:
@@ -76,7 +75,7 @@ class OmniVideoH3Loader(io.ComfyNode):
                 io.Combo.Input("transformer_file", options=[FROM_FOLDER] + [
                     f for f in compat.model_file_list("diffusion_models") if f.endswith(".safetensors")],
                     default=FROM_FOLDER),
-                io.Combo.Input("dtype", options=DTYPE_NAMES, default="bfloat16"),
+                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 AttentionType.Input("attention", optional=True,
                                     tooltip="From OmniVideo Attention; unconnected = auto (fastest exact backend)."),
             ],
@@ -85,7 +84,7 @@ class OmniVideoH3Loader(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="bfloat16", attention=None) -> io.NodeOutput:
+    def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
         from ..models.h3_loader import load_h3
 
         single = None if transformer_file in (None, "", FROM_FOLDER) else \
@@ -106,18 +105,17 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
                          "local files only. H3 conditions on hidden_states[layer] (50 for the released model)."),
             inputs=[
                 io.Combo.Input("folder", options=_model_folders("text_encoders", "config.json")),
-                io.Combo.Input("dtype", options=DTYPE_NAMES, default="bfloat16"),
+                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 io.Int.Input("layer", default=50, min=1, max=512, tooltip="hidden_states index H3 reads."),
             ],
             outputs=[TextEncoderType.Output(display_name="text_encoder")],
         )
 
     @classmethod
-    def execute(cls, folder, dtype="bfloat16", layer=50) -> io.NodeOutput:
-        from ..models.h3_loader import DTYPES
+    def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:
         from ..models.h3_text import load_text_encoder
 
-        return io.NodeOutput(load_text_encoder(_resolve_folder("text_encoders", folder), DTYPES[dtype], int(layer)))
+        return io.NodeOutput(load_text_encoder(_resolve_folder("text_encoders", folder), resolve_dtype(dtype), int(layer)))
 
 
 class OmniVideoH3Keyframes(io.ComfyNode):

@@ -6,16 +6,15 @@ from __future__ import annotations
 import os
 
 from .. import compat
-from ..backends import PLATFORM
+from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..models.handles import OmniVideoConditioning, OmniVideoModel
-from ..models.omnidreams_loader import DTYPES, load_omnidreams, resolve_dtype
+from ..models.omnidreams_loader import load_omnidreams
 from ..models.omnidreams_text import TextEncoder, encode_prompt, load_embedding, load_text_encoder, save_embedding
 from ..pipelines.omnidreams import ARSettings, encode_first_frame, encode_hdmap
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
 FAMILY = "omnidreams"
-DTYPE_CHOICES = ["auto", *DTYPES]
 
 
 def _files(folder: str, *exts: str) -> list[str]:
@@ -49,7 +48,7 @@ class OmniDreamsModelLoader(io.ComfyNode):
             ),
             inputs=[
                 io.Combo.Input("ckpt_name", options=_files("diffusion_models", ".pt", ".pth", ".safetensors")),
-                io.Combo.Input("dtype", options=DTYPE_CHOICES, default="auto"),
+                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 io.Int.Input("window_frames", default=6, min=2, max=64, step=2),
                 io.Int.Input("sink_frames", default=0, min=0, max=62, step=2),
                 AttentionType.Input("attention", optional=True,
@@ -92,7 +91,7 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
                          "OmniDreams Load Text Embedding when memory is short."),
             inputs=[
                 io.Combo.Input("folder", options=_text_encoder_folders()),
-                io.Combo.Input("dtype", options=DTYPE_CHOICES, default="auto"),
+                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
             ],
             outputs=[TextEncoderType.Output(display_name="text_encoder")],
         )

@@ -27,7 +27,7 @@ def tiny(tmp_path_factory):
 
 def test_folder_loads_with_fp32_islands(tiny):
     transformer, _, _, root, _ = tiny
-    model, vae, audio_vae = load_h3(root, "bfloat16", device=CPU)
+    model, vae, audio_vae = load_h3(root, "bf16", device=CPU)
     params = dict(model.transformer.named_parameters())
     assert params["proj_in.weight"].dtype == torch.float32  # island
     assert params["audio_proj_out.weight"].dtype == torch.float32
@@ -45,7 +45,7 @@ def test_single_file_original_keys_converts_to_same_weights(tiny):
     sf = base / "h3_original.safetensors"
     save_file({"model.diffusion_model." + k: v for k, v in to_original_keys(transformer.state_dict()).items()},
               str(sf))
-    model, _, _ = load_h3(root, "float32", transformer_file=sf, device=CPU)
+    model, _, _ = load_h3(root, "fp32", transformer_file=sf, device=CPU)
     ours = model.transformer.state_dict()
     for key, value in transformer.state_dict().items():
         assert torch.equal(ours[key], value), key
@@ -58,7 +58,7 @@ def test_pruned_checkpoint_is_rejected_with_reason(tiny):
     sf = base / "pruned.safetensors"
     save_file(sd, str(sf))
     with pytest.raises(H3LoadError, match="pruned MiniMax-H3 checkpoint.*adaln_t_table"):
-        load_h3(root, "float32", transformer_file=sf, device=CPU)
+        load_h3(root, "fp32", transformer_file=sf, device=CPU)
 
 
 def test_wrong_and_incomplete_folders(tiny, tmp_path):

@@ -18,7 +18,7 @@ from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     root = write_folder(tmp_path_factory.mktemp("h3n") / "MiniMax-H3-tiny", *make_models(seed=4))
-    out = nodes.OmniVideoH3Loader.execute(str(root), dtype="float32")
+    out = nodes.OmniVideoH3Loader.execute(str(root), dtype="fp32")
     model, tokenizer, image_processor = tiny_qwen3vl()
     te = H3TextEncoder(model, tokenizer, test_processor(tokenizer, image_processor), layer=LAYER)
     return out[0], out[1], out[2], te

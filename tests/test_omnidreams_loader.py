@@ -9,10 +9,11 @@ import torch
 from omnidreams_tiny import TINY, stored_state_dict
 from safetensors.torch import save_file
 
+from omnivideo.backends import resolve_dtype
 from omnivideo.models.omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT, patchify
 from omnivideo.models.omnidreams_loader import (CheckpointError, build_model, final_rows_to_model,
                                                 final_rows_to_storage, infer_config, load_omnidreams,
-                                                read_state_dict, resolve_dtype)
+                                                read_state_dict)
 
 CPU = torch.device("cpu")
 

@@ -43,8 +43,8 @@ def h3_files(comfy_server):
 
 # the shipped workflows, made small enough for the tiny models on CPU (conftest.api_graph applies them)
 SMALL = {
-    "OmniVideoH3Loader": {"folder": H3_FOLDER, "dtype": "float32"},
-    "OmniVideoH3TextEncoderLoader": {"folder": TE_FOLDER, "dtype": "float32", "layer": LAYER},
+    "OmniVideoH3Loader": {"folder": H3_FOLDER, "dtype": "fp32"},
+    "OmniVideoH3TextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32", "layer": LAYER},
     "OmniVideoSampler": {"frames": FRAMES, "steps": 3, "width": WIDTH, "height": HEIGHT},
     "OmniVideoH3Keyframes": {"width": WIDTH, "height": HEIGHT},
     "LoadImage": {"image": IMAGE},
