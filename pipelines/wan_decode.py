@@ -73,21 +73,13 @@ def decode_latent(vae: AutoencoderKLWan, z: torch.Tensor, progress: compat.Progr
     return out.clamp_(min=-1.0, max=1.0)
 
 
-def validate_latent(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
-    """Reject what the decoder cannot take, before any heavy work."""
-    expected, version = vae.config.z_dim, wan_version(vae)
+def check_latent_tensor(z: torch.Tensor) -> None:
+    """What any Wan decode needs of the latent itself (checked before the VAE is even converted)."""
     if not isinstance(z, torch.Tensor) or z.dim() != 5:
         shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
         raise ValueError(
-            f"OmniVideo Wan VAE Decode needs a video latent [B, {expected}, T, H, W]; got {shape}. "
+            f"OmniVideo Wan VAE Decode needs a video latent [B, C, T, H, W]; got {shape}. "
             "Connect the LATENT of a Wan video sampler (image latents are 4-D)."
-        )
-    if z.shape[1] != expected:
-        other = {16: "Wan 2.1 (wan_2.1_vae.safetensors)", 48: "Wan 2.2 TI2V-5B (wan2.2_vae.safetensors)"}
-        hint = f" It looks like a {other[z.shape[1]]} latent; load that VAE." if z.shape[1] in other else ""
-        raise ValueError(
-            f"The latent has {z.shape[1]} channels but this Wan {version} VAE decodes {expected}-channel latents."
-            + hint
         )
     if min(z.shape[2:]) < 1 or not z.is_floating_point():
         raise ValueError(f"The latent {tuple(z.shape)} ({z.dtype}) is empty or not floating point.")
@@ -95,13 +87,31 @@ def validate_latent(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
         raise ValueError("The latent contains NaN or Inf values; the sampler that produced it diverged.")
 
 
+def check_latent_channels(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
+    expected, version = vae.config.z_dim, wan_version(vae)
+    if z.shape[1] != expected:
+        other = {16: "Wan 2.1 (wan_2.1_vae.safetensors)", 48: "Wan 2.2 TI2V-5B (wan2.2_vae.safetensors)"}
+        hint = f" It looks like a {other[z.shape[1]]} latent; load that VAE." if z.shape[1] in other else ""
+        raise ValueError(
+            f"The latent has {z.shape[1]} channels but this Wan {version} VAE decodes {expected}-channel latents."
+            + hint
+        )
+
+
+def validate_latent(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
+    """Reject what the decoder cannot take, before any heavy work."""
+    check_latent_tensor(z)
+    check_latent_channels(vae, z)
+
+
 def decode_to_images(comfy_vae, z: torch.Tensor, fusion: str = "auto") -> torch.Tensor:
     """ComfyUI's VAE + raw Wan latent -> IMAGE [B*frames, H, W, 3] in [0, 1] (core VAEDecode's layout)."""
     device, offload = PLATFORM.device, torch.device("cpu")
     # The converted copy is cached on the VAE object in CPU memory, outside ComfyUI's model
     # management; it visits the device only while decoding.
+    check_latent_tensor(z)
     vae = diffusers_vae_from_comfy(comfy_vae, device=offload)
-    validate_latent(vae, z)
+    check_latent_channels(vae, z)
     select_fusion(vae, fusion)
     try:
         vae.to(device)

@@ -40,6 +40,15 @@ def test_node_rejects_wrong_latent_before_decoding():
         Decode.execute(vae=vae, samples={"samples": torch.zeros(1, 48, 2, 4, 4)}, fusion="auto")
 
 
+def test_node_rejects_nan_latent_before_converting_the_vae():
+    _, vae = _comfy_vae("2.1")
+    z = torch.zeros(1, 4, 2, 4, 4)
+    z[0, 0, 1] = float("inf")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        Decode.execute(vae=vae, samples={"samples": z}, fusion="auto")
+    assert getattr(vae, CACHE_ATTR, None) is None  # failed before the conversion
+
+
 def test_schema_lists_fusion_choices():
     schema = Decode.define_schema()
     fusion = next(i for i in schema.inputs if i.id == "fusion")
