@@ -12,6 +12,7 @@ from omnivideo.models.wan_vae_fused import install_fused_decoder, installed_leve
 from omnivideo.pipelines.wan_decode import decode_latent, select_fusion, validate_latent
 
 LEVELS = ["reference", "torch_fused", "triton"]
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton: GPU, else the interpreter
 
 
 def _pair(version, dtype, channels_last, slim=False):
@@ -25,7 +26,7 @@ def _pair(version, dtype, channels_last, slim=False):
         vae = tiny_from_config(config).to(dtype)
     else:
         vae = tiny_wan_vae(version, dtype=dtype)
-    z = tiny_latent(vae, frames=2 if slim else 3)
+    vae, z = vae.to(DEVICE), tiny_latent(vae, frames=2 if slim else 3).to(DEVICE)
     if channels_last:
         vae = to_channels_last_3d(vae)
         z = z.contiguous(memory_format=torch.channels_last_3d)
