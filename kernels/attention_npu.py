@@ -45,11 +45,18 @@ def _masked_fallback(q, k, v, scale, layout: AttnLayout):
     return _sdpa(q, k, v, scale, key_padding_mask(layout, q.shape[0], q.shape[1], q.device))
 
 
+def _packed(q, layout: AttnLayout | None) -> tuple[int | None, bool]:
+    """(real rows of the packed [real|pad] contract or None, whether to take the masked fallback)."""
+    b, s = q.shape[:2]
+    used = packed_used(layout, b, s)
+    return used, layout is not None and layout.kv_lengths is not None and used is None and b > 1
+
+
 def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
     scale = _scale(q, scale)
     b, s, h, d = q.shape
-    used = packed_used(layout, b, s)
-    if layout is not None and layout.kv_lengths is not None and used is None and b > 1:
+    used, masked = _packed(q, layout)
+    if masked:
         return _masked_fallback(q, k, v, scale, layout)
     if used is None and layout is not None and layout.kv_lengths is not None:
         key_padding_mask(layout, b, s, q.device)  # validates (raises on unusable lengths)
@@ -61,9 +68,9 @@ def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, 
 
 def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
     scale = _scale(q, scale)
-    b, s, h, d = q.shape
-    used = packed_used(layout, b, s)
-    if layout is not None and layout.kv_lengths is not None and used is None and b > 1:
+    s = q.shape[1]
+    used, masked = _packed(q, layout)
+    if masked:
         return _masked_fallback(q, k, v, scale, layout)
     n = used if used is not None else s
     c = LASER_PRESCALE

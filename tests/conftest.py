@@ -2,7 +2,9 @@
 switched on before any kernel module is imported."""
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -18,8 +20,6 @@ torch.backends.cudnn.benchmark = False  # bit-equality on GPU needs deterministi
 
 import sys  # noqa: E402
 import types  # noqa: E402
-
-import pytest  # noqa: E402
 
 _NPU_MODULE = None
 
@@ -58,3 +58,16 @@ def _fresh_backend_resolutions():
     clear_cache()
     yield
     clear_cache()
+
+
+@pytest.fixture(scope="session")
+def comfyui_path() -> Path:
+    """The ComfyUI checkout named by COMFYUI_PATH; tests that need a real ComfyUI skip without one."""
+    raw = os.environ.get("COMFYUI_PATH")
+    if not raw:
+        pytest.skip("COMFYUI_PATH is not set: point it at a ComfyUI checkout (the folder with main.py) to run the "
+                    "real-ComfyUI tests; COMFYUI_PYTHON selects its interpreter")
+    path = Path(raw).expanduser().resolve()
+    if not (path / "main.py").is_file() or not (path / "comfy").is_dir():
+        pytest.skip(f"COMFYUI_PATH={raw} is not a ComfyUI checkout (no main.py / comfy/ there)")
+    return path

@@ -184,10 +184,8 @@ def test_patch_grid_for_wan_and_cosmos():
 
 
 @pytest.mark.integration
-def test_patch_node_with_a_tiny_native_comfyui_wan_model():
-    path = os.environ.get("COMFYUI_PATH")
-    if not path:
-        pytest.skip("COMFYUI_PATH is not set: point it at a ComfyUI checkout to sample a tiny native Wan model")
+def test_patch_node_with_a_tiny_native_comfyui_wan_model(comfyui_path):
+    path = str(comfyui_path)
     if not os.path.isfile(os.path.join(path, "comfy", "ldm", "wan", "model.py")):
         pytest.skip(f"COMFYUI_PATH={path} has no comfy/ldm/wan/model.py")
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)

@@ -187,10 +187,8 @@ def test_missing_unexpected_and_misshaped_keys_are_named(version, wan21, wan22):
 # ---------------------------------------------------------------------------------------------
 
 
-def _comfy_wan_modules():
-    path = os.environ.get("COMFYUI_PATH")
-    if not path:
-        pytest.skip("COMFYUI_PATH is not set: ComfyUI's own WanVAE classes are not available")
+def _comfy_wan_modules(comfyui_path):
+    path = str(comfyui_path)
     if not os.path.isfile(os.path.join(path, "comfy", "ldm", "wan", "vae2_2.py")):
         pytest.skip(f"COMFYUI_PATH={path} has no comfy/ldm/wan/vae2_2.py")
     pytest.importorskip("einops", reason="ComfyUI's Wan VAE needs einops")
@@ -209,8 +207,8 @@ def _comfy_wan_modules():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("version", ["2.1", "2.2"])
-def test_comfy_wanvae_matches(version, capsys):
-    vae21, vae22 = _comfy_wan_modules()
+def test_comfy_wanvae_matches(version, capsys, comfyui_path):
+    vae21, vae22 = _comfy_wan_modules(comfyui_path)
     tiny = TINY21 if version == "2.1" else TINY22
     geometry = dict(z_dim=tiny["z_dim"], dim_mult=tiny["dim_mult"], num_res_blocks=tiny["num_res_blocks"],
                     attn_scales=[], temperal_downsample=[False, True, True])  # what comfy.sd.VAE passes

@@ -235,17 +235,6 @@ class ComfyServer:
                 self.proc.wait(timeout=10)
 
 
-def _comfy_checkout() -> Path:
-    raw = os.environ.get("COMFYUI_PATH")
-    if not raw:
-        pytest.skip("COMFYUI_PATH is not set: point it at a ComfyUI checkout (the folder with main.py) to run the "
-                    "real-ComfyUI integration tests; COMFYUI_PYTHON selects its interpreter")
-    path = Path(raw).expanduser().resolve()
-    if not (path / "main.py").is_file() or not (path / "nodes.py").is_file():
-        pytest.skip(f"COMFYUI_PATH={raw} is not a ComfyUI checkout (no main.py / nodes.py there)")
-    return path
-
-
 def _link_or_copy(src: Path, dst: Path):
     try:
         dst.symlink_to(src, target_is_directory=True)
@@ -254,8 +243,8 @@ def _link_or_copy(src: Path, dst: Path):
 
 
 @pytest.fixture(scope="session")
-def comfy_server(tmp_path_factory):
-    comfy_path = _comfy_checkout()
+def comfy_server(tmp_path_factory, comfyui_path):
+    comfy_path = comfyui_path
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     root = tmp_path_factory.mktemp("comfyui")
     for sub in ("custom_nodes", "models/vae", "models/diffusion_models", "models/text_encoders", "models/diffusers",
