@@ -7,7 +7,6 @@ core of the pack imports and runs under pytest or in a script.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -147,33 +146,31 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def model_file_list(folder: str) -> list[str]:
-    """Files ComfyUI knows in one of its model folders ('vae', 'diffusion_models', ...)."""
-    return _folder_paths.get_filename_list(folder) if _folder_paths is not None else []
+def model_file_list(kind: str) -> list[str]:
+    """Files ComfyUI lists in one of its model folder kinds ('vae', 'diffusion_models', ...); none outside it."""
+    if _folder_paths is None:
+        return []
+    try:
+        return _folder_paths.get_filename_list(kind)
+    except KeyError:  # a kind this ComfyUI does not know
+        return []
+
+
+def model_folder_roots(kind: str) -> list[str]:
+    """The directories behind one of ComfyUI's model folder kinds (models/<kind> and extra_model_paths)."""
+    if _folder_paths is None:
+        return []
+    try:
+        return list(_folder_paths.get_folder_paths(kind))
+    except KeyError:  # a kind this ComfyUI does not know
+        return []
 
 
 def output_directory() -> str:
-    """ComfyUI's output folder (the current directory outside ComfyUI)."""
-    return _folder_paths.get_output_directory() if _folder_paths is not None else os.getcwd()
-
-
-def model_folder_roots(folder: str) -> list[str]:
-    """The directories behind one of ComfyUI's model folder kinds (for folder-shaped models)."""
-    return list(_folder_paths.get_folder_paths(folder)) if _folder_paths is not None else []
-
-
-def model_file_path(folder: str, name: str) -> str:
-    """Resolve a file name from a ComfyUI model folder; outside ComfyUI accept a real path."""
-    if _folder_paths is not None:
-        path = _folder_paths.get_full_path(folder, name)
-        if path is not None:
-            return path
-    if os.path.isfile(name) or os.path.isdir(name):
-        return name
-    raise FileNotFoundError(
-        f"'{name}' is not in ComfyUI's '{folder}' model folder. Put the file under "
-        f"models/{folder}/ (or a path listed in extra_model_paths.yaml) and refresh."
-    )
+    """ComfyUI's output folder. Outside ComfyUI there is none (never the working directory)."""
+    if _folder_paths is None:
+        raise RuntimeError("there is no ComfyUI output folder outside ComfyUI; run the node inside ComfyUI")
+    return _folder_paths.get_output_directory()
 
 
 def diffusion_model_wrapper_type() -> str:

@@ -24,10 +24,10 @@ from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniM
 from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
 from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoRotaryPosEmbed
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
-from safetensors.torch import load_file
 
 from ..backends import resolve_dtype
 from ..pipelines.h3.geometry import H3Geometry
+from .checkpoint_io import read_safetensors
 
 log = logging.getLogger("omnivideo")
 
@@ -78,6 +78,15 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
     return root
 
 
+def folder_problem(root: str | os.PathLike) -> str | None:
+    """None when `root` is a diffusers-format MiniMax-H3 folder (the transformer may come from a single file)."""
+    try:
+        check_folder(root, need_transformer_weights=False)
+    except H3LoadError as err:
+        return str(err)
+    return None
+
+
 def _weight_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
@@ -95,7 +104,7 @@ def _weight_files(folder: Path) -> list[Path]:
 def _read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
     sd = {}
     for f in files:
-        sd.update(load_file(str(f), device="cpu"))
+        sd.update(read_safetensors(str(f)))
     return sd
 
 
@@ -156,7 +165,7 @@ def load_component(root: Path, sub: str, dtype: torch.dtype):
 
 def convert_single_file(path: str | os.PathLike, config: dict) -> dict[str, torch.Tensor]:
     """A single-file H3 transformer (ComfyUI / original keys, or already diffusers keys) -> diffusers keys."""
-    sd = load_file(str(path), device="cpu")
+    sd = read_safetensors(str(path))
     for prefix in COMFY_PREFIXES:
         if any(k.startswith(prefix) for k in sd):
             sd = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}

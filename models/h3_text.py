@@ -9,7 +9,6 @@ Embeddings can be saved to / loaded from .safetensors so the 32B encoder need no
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,39 +16,20 @@ from pathlib import Path
 import torch
 from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from .. import compat
+from .checkpoint_io import read_json, read_safetensors, safetensors_keys
 
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
 EMBED_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
 VISION_TAG = MINIMAX_H3_VIDEO_TAG  # the row tag of keyframe vision-block tokens (diffusers' video tag)
 EMBEDDING_FOLDER = "text_encoders"  # the ComfyUI model folder saved embeddings are loaded from
+MODEL_TYPE = "qwen3_vl"
 
 
 def vision_rows(tags: torch.Tensor) -> int:
     """How many embedding rows are keyframe vision tokens (0: the prompt was encoded without keyframes)."""
     return int((tags == VISION_TAG).sum())
-
-
-def output_path(name: str, root: str | os.PathLike | None = None) -> str:
-    """Where `save_as` writes: `name` (a relative file name, sub-folders allowed) under ComfyUI's output folder,
-    with .safetensors appended if missing. Absolute paths and names that leave the folder are refused."""
-    name = str(name).strip()
-    root = os.path.realpath(root if root is not None else compat.output_directory())
-    if not name:
-        raise ValueError("save_as is empty: give a file name such as my_prompt.safetensors.")
-    if os.path.isabs(name) or os.path.splitdrive(name)[0] or name.startswith(("/", "\\")):
-        raise ValueError(f"save_as {name!r} is an absolute path; give a file name relative to ComfyUI's output "
-                         f"folder ({root}), e.g. my_prompt.safetensors.")
-    if ".." in name.replace("\\", "/").split("/"):
-        raise ValueError(f"save_as {name!r} leaves ComfyUI's output folder ({root}); '..' is not allowed.")
-    if not name.endswith(".safetensors"):
-        name += ".safetensors"
-    path = os.path.realpath(os.path.join(root, name))
-    if os.path.commonpath([path, root]) != root:  # e.g. through a symlink inside the output folder
-        raise ValueError(f"save_as {name!r} resolves to {path}, outside ComfyUI's output folder ({root}).")
-    return path
 
 
 @dataclass
@@ -67,12 +47,18 @@ def _parts(folder: Path) -> tuple[Path, Path, Path]:
         tok = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder / "text_encoder"
         proc = folder / "processor" if (folder / "processor").is_dir() else tok
         return folder / "text_encoder", tok, proc
-    if (folder / "config.json").is_file():
-        return folder, folder, folder
-    raise FileNotFoundError(
-        f"'{folder}' holds no Qwen3-VL config.json (nor text_encoder/config.json). Put the Qwen3-VL text encoder "
-        "folder (config, *.safetensors, tokenizer and preprocessor files) under models/text_encoders/."
-    )
+    return folder, folder, folder
+
+
+def encoder_folder_problem(folder: str | os.PathLike) -> str | None:
+    """None when `folder` holds a Qwen3-VL config (plain, or text_encoder/ of an H3 folder), else why not."""
+    config = _parts(Path(folder))[0] / "config.json"
+    if not config.is_file():
+        return "it has no config.json (nor text_encoder/config.json)"
+    model_type = read_json(str(config)).get("model_type")
+    if model_type != MODEL_TYPE:
+        return f"{config.relative_to(folder)} is a {model_type!r} model; H3 needs Qwen3-VL ({MODEL_TYPE!r})"
+    return None
 
 
 def load_text_encoder(folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
@@ -80,11 +66,12 @@ def load_text_encoder(folder: str | os.PathLike, dtype: torch.dtype = torch.bflo
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
     folder = Path(folder)
+    problem = encoder_folder_problem(folder)
+    if problem is not None:
+        raise ValueError(f"{folder}: {problem}. Put the Qwen3-VL text encoder folder (config, *.safetensors, "
+                         "tokenizer and preprocessor files) under models/text_encoders/.")
     model_dir, tok_dir, proc_dir = _parts(folder)
-    cfg = json.loads((model_dir / "config.json").read_text())
-    if cfg.get("model_type") != "qwen3_vl":
-        raise ValueError(f"{model_dir / 'config.json'} is a {cfg.get('model_type')!r} model; H3 needs Qwen3-VL "
-                         "(model_type 'qwen3_vl').")
+    cfg = read_json(str(model_dir / "config.json"))
     n_layers = cfg.get("text_config", {}).get("num_hidden_layers", 0)
     if n_layers <= layer:
         raise ValueError(f"hidden layer {layer} needs more than {layer} decoder layers; {model_dir} has {n_layers}. "
@@ -130,28 +117,34 @@ def encode_prompt(te: H3TextEncoder, prompt: str, keyframes: list | tuple = (),
     return embeds.cpu(), torch.tensor(tags, dtype=torch.long)
 
 
-def save_embeddings(path: str | os.PathLike, embeds: torch.Tensor, tags: torch.Tensor, **meta) -> str:
-    path = str(path)
-    if not path.endswith(".safetensors"):
-        path += ".safetensors"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    save_file({EMBED_KEY: embeds.contiguous().cpu(), TAGS_KEY: tags.contiguous().cpu()}, path,
+def save_embeddings(path: str, embeds: torch.Tensor, tags: torch.Tensor, **meta) -> str:
+    """Write an H3 embedding to `path` (callers choose a path that replaces nothing: safe_paths.write_output_file)."""
+    save_file({EMBED_KEY: embeds.contiguous().cpu(), TAGS_KEY: tags.contiguous().cpu()}, str(path),
               metadata={"omnivideo": "h3_text", **{k: str(v) for k, v in meta.items()}})
-    return path
+    return str(path)
+
+
+def embedding_problem(path: str) -> str | None:
+    """None when `path` holds an H3 prompt embedding (header only), else why not."""
+    if EMBED_KEY not in safetensors_keys(path):
+        return (f"it holds no '{EMBED_KEY}' tensor, so it is not an H3 prompt embedding; make one with "
+                "OmniVideo H3 Text Encode's save_as")
+    return None
 
 
 def load_embeddings(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
-    sd = load_file(str(path))
+    name = os.path.basename(str(path))
+    sd = read_safetensors(str(path))
     if EMBED_KEY not in sd:
-        raise ValueError(f"{path} has no '{EMBED_KEY}' tensor; save H3 embeddings with OmniVideo H3 Text Encode.")
+        raise ValueError(f"{name} has no '{EMBED_KEY}' tensor; save H3 embeddings with OmniVideo H3 Text Encode.")
     emb = sd[EMBED_KEY]
     if emb.ndim == 2:
         emb = emb[None]
     if emb.ndim != 3 or emb.shape[0] != 1:
-        raise ValueError(f"{path}: '{EMBED_KEY}' must be [1, N, D], got {list(emb.shape)}.")
+        raise ValueError(f"{name}: '{EMBED_KEY}' must be [1, N, D], got {list(emb.shape)}.")
     tags = sd.get(TAGS_KEY)
     if tags is None:
         tags = torch.full((emb.shape[1],), MINIMAX_H3_TEXT_TAG, dtype=torch.long)
     if tags.numel() != emb.shape[1]:
-        raise ValueError(f"{path}: {tags.numel()} tags for {emb.shape[1]} embedding rows.")
+        raise ValueError(f"{name}: {tags.numel()} tags for {emb.shape[1]} embedding rows.")
     return emb, tags.long()

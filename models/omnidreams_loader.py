@@ -11,40 +11,21 @@ fusions turn the stored layout into the one `OmniDreamsDiT` runs:
 from __future__ import annotations
 
 import os
-import pickle
 import re
 
 import torch
 
+from .checkpoint_io import CheckpointError, read_safetensors, read_torch_file
 from .omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
 
 PREFIX = "net."
 _LIST_LIMIT = 12  # keys named per category in an error message
 
 
-class CheckpointError(ValueError):
-    """The file is not a usable OmniDreams checkpoint; the message says what and what to do."""
-
-
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors or torch.save file, without executing any pickled code."""
     name = os.path.basename(path)
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        sd = load_file(path, device="cpu")
-    else:
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except pickle.UnpicklingError as err:
-            raise CheckpointError(
-                f"{name}: refused to load. The file holds Python objects other than tensors (a pickle that "
-                f"could run code), so it was not unpickled. Use the released .pt or a .safetensors "
-                f"file. Details: {str(err).splitlines()[0]}") from None
-        except RuntimeError as err:
-            if "mmap" not in str(err):
-                raise
-            # legacy (non-zip) torch.save files cannot be memory-mapped; still weights_only
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+    sd = read_safetensors(path) if path.endswith(".safetensors") else read_torch_file(path)
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{name}: expected a flat dict of tensors, found {type(sd).__name__}"
                               f"{' with non-tensor values' if isinstance(sd, dict) else ''}.")

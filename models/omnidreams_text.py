@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import compat
+from .checkpoint_io import read_json, read_safetensors, safetensors_keys
 
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
 MAX_TOKENS = 512
@@ -30,6 +31,20 @@ class TextEncoder:
     device: torch.device = torch.device("cpu")  # where encode_prompt runs it
 
 
+MODEL_TYPE = "qwen2_5_vl"  # Cosmos-Reason1 is a Qwen2.5-VL model
+
+
+def encoder_folder_problem(folder: str) -> str | None:
+    """None when `folder` looks like a Cosmos-Reason1 (Qwen2.5-VL) folder, else why not (reads config.json)."""
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        return "it has no config.json"
+    model_type = read_json(config).get("model_type")
+    if model_type != MODEL_TYPE:
+        return f"its config.json is a {model_type!r} model, not Cosmos-Reason1 ({MODEL_TYPE!r})"
+    return None
+
+
 def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> TextEncoder:
     """A local Cosmos-Reason1 / Qwen2.5-VL folder (config.json, weights, tokenizer); never the network.
 
@@ -37,9 +52,10 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
     one forward pass and back, so it does not hold accelerator memory while the DiT samples."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise FileNotFoundError(f"{folder} has no config.json: point the loader at a Cosmos-Reason1 (Qwen2.5-VL) "
-                                f"folder under models/text_encoders/")
+    problem = encoder_folder_problem(folder)
+    if problem is not None:
+        raise ValueError(f"{folder}: {problem}. Point the loader at a Cosmos-Reason1 (Qwen2.5-VL) folder under "
+                         "models/text_encoders/.")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
     return TextEncoder(model.eval().requires_grad_(False), tokenizer, folder, torch.device(device))
@@ -80,26 +96,31 @@ def encode_prompt(encoder: TextEncoder, prompt: str) -> torch.Tensor:
 
 
 def save_embedding(path: str, embedding: torch.Tensor, prompt: str) -> str:
+    """Write `embedding` to `path` (callers choose a path that replaces nothing: safe_paths.write_output_file)."""
     from safetensors.torch import save_file
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     save_file({EMBEDDING_KEY: embedding.detach().float().contiguous().cpu()}, path,
               metadata={"format": EMBEDDING_FORMAT, "prompt": prompt})
     return path
 
 
+def embedding_problem(path: str) -> str | None:
+    """None when `path` holds an OmniDreams prompt embedding (header only), else why not."""
+    if EMBEDDING_KEY not in safetensors_keys(path):
+        return (f"it holds no '{EMBEDDING_KEY}' tensor, so it is not an OmniDreams prompt embedding; make one "
+                "with OmniDreams Text Encode's save_as")
+    return None
+
+
 def load_embedding(path: str) -> torch.Tensor:
     """A precomputed embedding from `save_embedding` (or any file with that one key) -> [1, 512, D]."""
-    from safetensors import safe_open
-
     name = os.path.basename(path)
-    with safe_open(path, framework="pt") as f:
-        keys = list(f.keys())
-        if EMBEDDING_KEY not in keys:
-            raise ValueError(f"{name} holds no '{EMBEDDING_KEY}' tensor (keys: {', '.join(keys[:5])}"
-                             f"{', ...' if len(keys) > 5 else ''}). Make it with the OmniDreams Text Encode node's "
-                             f"save option.")
-        emb = f.get_tensor(EMBEDDING_KEY)
+    sd = read_safetensors(path)
+    if EMBEDDING_KEY not in sd:
+        raise ValueError(f"{name} holds no '{EMBEDDING_KEY}' tensor (keys: {', '.join(list(sd)[:5])}"
+                         f"{', ...' if len(sd) > 5 else ''}). Make it with the OmniDreams Text Encode node's "
+                         f"save_as option.")
+    emb = sd[EMBEDDING_KEY]
     if emb.dim() == 2:
         emb = emb[None]
     if emb.dim() != 3 or emb.shape[0] != 1 or emb.shape[1] != MAX_TOKENS:

@@ -6,7 +6,7 @@ import logging
 
 from .. import compat
 from ..compat import io
-from ..pipelines.attention import BACKENDS, MAX_SPARSITY, AttentionConfig, validate
+from ..pipelines.attention import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers, validate
 from ..pipelines.attention_patch import NativeAttentionPatch
 from .types import AttentionType
 
@@ -39,12 +39,16 @@ class OmniVideoAttention(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend=None, sparsity=None, start_step=None, skip_layers=None, block_size=None):
-        values = (backend, sparsity, start_step, skip_layers, block_size)
-        if any(v is None for v in values):  # a linked input: known only at run time (checked in execute)
+    def validate_inputs(cls, skip_layers=None):
+        # Only skip_layers (free text) is checked here, in bounded time; ComfyUI's own checks stay on for the
+        # other inputs, and execute checks the rest (backend choice, block size rules) before anything runs.
+        if skip_layers is None:  # linked: checked when the node runs
             return True
-        problem = validate(*values)
-        return True if problem is None else problem
+        try:
+            parse_skip_layers(skip_layers)
+        except ValueError as err:
+            return str(err)
+        return True
 
     @classmethod
     def execute(cls, backend, sparsity, start_step, skip_layers, block_size) -> io.NodeOutput:

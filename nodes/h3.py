@@ -3,11 +3,11 @@ Sampling is the shared OmniVideo Sampler node (family "h3" -> pipelines.h3.sampl
 
 from __future__ import annotations
 
-import os
-
-from .. import compat
+from .. import compat, safe_paths
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
+from ..models.h3_loader import folder_problem
+from ..models.h3_text import embedding_problem, encoder_folder_problem
 from ..models.handles import OmniVideoConditioning
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
@@ -16,39 +16,25 @@ H3VaeType = io.Custom("OMNIVIDEO_H3_VAE")
 H3AudioVaeType = io.Custom("OMNIVIDEO_H3_AUDIO_VAE")
 KeyframesType = io.Custom("OMNIVIDEO_H3_KEYFRAMES")
 FROM_FOLDER = "(transformer/ of the folder)"
-
-
-def _model_folders(kind: str, marker: str) -> list[str]:
-    """Sub-folders (up to two levels) of a ComfyUI model folder that hold `marker` (e.g. transformer/config.json)."""
-    found = set()
-    for root in compat.model_folder_roots(kind):
-        if not os.path.isdir(root):
-            continue
-        for sub in sorted(os.listdir(root)):
-            for rel in [sub] + [f"{sub}/{s}" for s in (sorted(os.listdir(os.path.join(root, sub)))
-                                                       if os.path.isdir(os.path.join(root, sub)) else [])]:
-                if os.path.isfile(os.path.join(root, rel, marker)):
-                    found.add(rel)
-    return sorted(found)
-
-
-def _resolve_folder(kind: str, name: str) -> str:
-    for root in compat.model_folder_roots(kind):
-        path = os.path.join(root, name)
-        if os.path.isdir(path):
-            return path
-    if os.path.isdir(name):
-        return name
-    raise FileNotFoundError(f"'{name}' is not a folder under ComfyUI's models/{kind}/. Put the folder there "
-                            "(or list its parent in extra_model_paths.yaml) and refresh.")
-
-
 NO_EMBEDDING = ""  # embedding_file unset: run the text encoder (also what the shipped workflows hold)
+WEIGHT_EXTS = (".safetensors",)
 
 
-def _embedding_files() -> list[str]:
-    """Combo options for a saved H3 embedding: .safetensors files in ComfyUI's text_encoders model folder."""
-    return [NO_EMBEDDING] + [f for f in compat.model_file_list("text_encoders") if f.endswith(".safetensors")]
+def _h3_folder(name: str) -> str:
+    return safe_paths.resolve_model_folder("diffusers", name, folder_problem, what="folder")
+
+
+def _transformer_file(name: str) -> str:
+    return safe_paths.resolve_model_file("diffusion_models", name, WEIGHT_EXTS, what="transformer_file")
+
+
+def _encoder_folder(name: str) -> str:
+    return safe_paths.resolve_model_folder("text_encoders", name, encoder_folder_problem, what="folder")
+
+
+def _embedding_file(name: str) -> str:
+    return safe_paths.resolve_model_file("text_encoders", name, WEIGHT_EXTS, embedding_problem,
+                                         what="embedding_file")
 
 
 def _check_family(obj, what: str) -> None:
@@ -71,10 +57,9 @@ class OmniVideoH3Loader(io.ComfyNode):
                 "the audio VAE is always fp32."
             ),
             inputs=[
-                io.Combo.Input("folder", options=_model_folders("diffusers", "vae/config.json")),
-                io.Combo.Input("transformer_file", options=[FROM_FOLDER] + [
-                    f for f in compat.model_file_list("diffusion_models") if f.endswith(".safetensors")],
-                    default=FROM_FOLDER),
+                io.Combo.Input("folder", options=safe_paths.list_model_folders("diffusers", folder_problem)),
+                io.Combo.Input("transformer_file", default=FROM_FOLDER, options=[FROM_FOLDER] + safe_paths.list_model_files(
+                    "diffusion_models", WEIGHT_EXTS)),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 AttentionType.Input("attention", optional=True,
                                     tooltip="From OmniVideo Attention; unconnected = auto (fastest exact backend)."),
@@ -84,12 +69,15 @@ class OmniVideoH3Loader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, folder=None):  # transformer_file is checked first thing when the node runs
+        return folder is None or safe_paths.problem_of(lambda: _h3_folder(folder)) or True
+
+    @classmethod
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
         from ..models.h3_loader import load_h3
 
-        single = None if transformer_file in (None, "", FROM_FOLDER) else \
-            compat.model_file_path("diffusion_models", transformer_file)
-        model, vae, audio_vae = load_h3(_resolve_folder("diffusers", folder), dtype, transformer_file=single,
+        single = None if transformer_file in (None, "", FROM_FOLDER) else _transformer_file(transformer_file)
+        model, vae, audio_vae = load_h3(_h3_folder(folder), dtype, transformer_file=single,
                                         device=PLATFORM.device, attention=attention)
         return io.NodeOutput(model, vae, audio_vae)
 
@@ -104,7 +92,8 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
             description=("Loads Qwen3-VL (H3's text encoder) from a Hugging Face folder under models/text_encoders, "
                          "local files only. H3 conditions on hidden_states[layer] (50 for the released model)."),
             inputs=[
-                io.Combo.Input("folder", options=_model_folders("text_encoders", "config.json")),
+                io.Combo.Input("folder", options=safe_paths.list_model_folders("text_encoders",
+                                                                               encoder_folder_problem)),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 io.Int.Input("layer", default=50, min=1, max=512, tooltip="hidden_states index H3 reads."),
             ],
@@ -112,10 +101,14 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, folder=None):
+        return folder is None or safe_paths.problem_of(lambda: _encoder_folder(folder)) or True
+
+    @classmethod
     def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:
         from ..models.h3_text import load_text_encoder
 
-        return io.NodeOutput(load_text_encoder(_resolve_folder("text_encoders", folder), resolve_dtype(dtype), int(layer)))
+        return io.NodeOutput(load_text_encoder(_encoder_folder(folder), resolve_dtype(dtype), int(layer)))
 
 
 class OmniVideoH3Keyframes(io.ComfyNode):
@@ -140,16 +133,11 @@ class OmniVideoH3Keyframes(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, width=None, height=None, **_):
-        if width is None or height is None:  # linked: checked when the node runs
-            return True
-        if width % 32 or height % 32:
-            return f"width and height must be multiples of 32, got {width}x{height}"
-        return True
-
-    @classmethod
     def execute(cls, vae, width=1344, height=768, first_image=None, last_image=None) -> io.NodeOutput:
         from ..pipelines.h3.keyframes import encode_keyframes, image_to_pil
+
+        if width % 32 or height % 32:
+            raise ValueError(f"width and height must be multiples of 32, got {width}x{height}")
 
         first = image_to_pil(first_image) if first_image is not None else None
         last = image_to_pil(last_image) if last_image is not None else None
@@ -179,26 +167,33 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default=""),
                 TextEncoderType.Input("text_encoder", optional=True),
                 KeyframesType.Input("keyframes", optional=True),
-                io.Combo.Input("embedding_file", options=_embedding_files(), default=NO_EMBEDDING, optional=True,
+                io.Combo.Input("embedding_file", options=[NO_EMBEDDING] + safe_paths.list_model_files(
+                    "text_encoders", WEIGHT_EXTS, embedding_problem), default=NO_EMBEDDING, optional=True,
                                tooltip="A saved H3 embedding (.safetensors in models/text_encoders) to use instead "
                                        "of the encoder; empty = run the encoder."),
                 io.String.Input("save_as", default="", optional=True,
                                 tooltip="File name under ComfyUI's output folder to save the embedding to "
-                                        "(.safetensors; move it to models/text_encoders to reuse it); "
+                                        "(.safetensors; an existing file is kept and a numbered name used "
+                                        "instead; move it to models/text_encoders to reuse it); "
                                         "empty = do not save."),
             ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
 
     @classmethod
+    def validate_inputs(cls, embedding_file=None):  # save_as is checked first thing when the node runs
+        return not embedding_file or safe_paths.problem_of(lambda: _embedding_file(embedding_file)) or True
+
+    @classmethod
     def execute(cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING,
                 save_as="") -> io.NodeOutput:
-        from ..models.h3_text import (EMBEDDING_FOLDER, H3TextEncoder, encode_prompt, load_embeddings, output_path,
-                                      save_embeddings, vision_rows)
+        from ..models.h3_text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings, vision_rows
 
-        save_path = output_path(save_as) if save_as and save_as.strip() else None  # refuse a bad name up front
+        save = bool(save_as and save_as.strip())
+        if save:
+            safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
         if embedding_file:
-            embeds, tags = load_embeddings(compat.model_file_path(EMBEDDING_FOLDER, embedding_file))
+            embeds, tags = load_embeddings(_embedding_file(embedding_file))
         else:
             if not isinstance(text_encoder, H3TextEncoder):
                 raise ValueError("OmniVideo H3 Text Encode needs a text_encoder from OmniVideo H3 Text Encoder Loader "
@@ -212,8 +207,11 @@ class OmniVideoH3TextEncode(io.ComfyNode):
         if keyframes and vision_rows(tags) == 0:
             raise ValueError(f"{embedding_file or 'the embedding'} was made without keyframes; re-encode the prompt "
                              "with the keyframes connected.")
-        if save_path is not None:
-            save_embeddings(save_path, embeds, tags, keyframes=len(keyframes["anchors"]) if keyframes else 0)
+        if save:
+            count = len(keyframes["anchors"]) if keyframes else 0
+            path = safe_paths.write_output_file(save_as, ".safetensors",
+                                                lambda tmp: save_embeddings(tmp, embeds, tags, keyframes=count))
+            compat.log.info("OmniVideo H3: saved the prompt embedding to %s", path)
         extras = {"text_token_tags": tags}
         if keyframes:
             extras["h3_keyframes"] = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")}

@@ -3,28 +3,31 @@ first-frame and HD-map conditioning. Sampling is the shared OmniVideo Sampler no
 
 from __future__ import annotations
 
-import os
-
-from .. import compat
+from .. import compat, safe_paths
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..models.handles import OmniVideoConditioning, OmniVideoModel
 from ..models.omnidreams_loader import load_omnidreams
-from ..models.omnidreams_text import TextEncoder, encode_prompt, load_embedding, load_text_encoder, save_embedding
-from ..pipelines.omnidreams import ARSettings, encode_first_frame, encode_hdmap
+from ..models.omnidreams_text import (TextEncoder, embedding_problem, encode_prompt, encoder_folder_problem,
+                                      load_embedding, load_text_encoder, save_embedding)
+from ..pipelines.omnidreams import ARSettings, check_wan21_vae, encode_first_frame, encode_hdmap
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
 FAMILY = "omnidreams"
+CKPT_EXTS = (".pt", ".pth", ".safetensors")
+EMBEDDING_EXTS = (".safetensors",)
 
 
-def _files(folder: str, *exts: str) -> list[str]:
-    return [f for f in compat.model_file_list(folder) if f.lower().endswith(exts)]
+def _checkpoint(name: str) -> str:
+    return safe_paths.resolve_model_file("diffusion_models", name, CKPT_EXTS, what="ckpt_name")
 
 
-def _text_encoder_folders() -> list[str]:
-    """Sub-folders of models/text_encoders holding a config.json (Hugging Face layout)."""
-    return sorted({os.path.dirname(f).replace(os.sep, "/") for f in compat.model_file_list("text_encoders")
-                   if os.path.basename(f) == "config.json" and os.path.dirname(f)})
+def _encoder_folder(name: str) -> str:
+    return safe_paths.resolve_model_folder("text_encoders", name, encoder_folder_problem, what="folder")
+
+
+def _embedding(name: str) -> str:
+    return safe_paths.resolve_model_file("text_encoders", name, EMBEDDING_EXTS, embedding_problem, what="embedding")
 
 
 def _check_family(conditioning) -> None:
@@ -47,7 +50,7 @@ class OmniDreamsModelLoader(io.ComfyNode):
                 "rolling KV cache in latent frames (released: 6 and 0)."
             ),
             inputs=[
-                io.Combo.Input("ckpt_name", options=_files("diffusion_models", ".pt", ".pth", ".safetensors")),
+                io.Combo.Input("ckpt_name", options=safe_paths.list_model_files("diffusion_models", CKPT_EXTS)),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 io.Int.Input("window_frames", default=6, min=2, max=64, step=2),
                 io.Int.Input("sink_frames", default=0, min=0, max=62, step=2),
@@ -58,18 +61,13 @@ class OmniDreamsModelLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, window_frames=None, sink_frames=None, **_):
-        if window_frames is None or sink_frames is None:  # linked: checked when the node runs
-            return True
-        try:
-            ARSettings(window_frames=window_frames, sink_frames=sink_frames).slots()
-        except ValueError as err:
-            return str(err)
-        return True
+    def validate_inputs(cls, ckpt_name=None):  # only adds a check: ComfyUI 0.3.x does not check V3 combo values
+        return ckpt_name is None or safe_paths.problem_of(lambda: _checkpoint(ckpt_name)) or True
 
     @classmethod
     def execute(cls, ckpt_name, dtype="auto", window_frames=6, sink_frames=0, attention=None) -> io.NodeOutput:
-        path = compat.model_file_path("diffusion_models", ckpt_name)
+        ARSettings(window_frames=window_frames, sink_frames=sink_frames).slots()  # raises a clear ValueError
+        path = _checkpoint(ckpt_name)
         device = PLATFORM.device
         torch_dtype = resolve_dtype(dtype, device)
         dit = load_omnidreams(path, torch_dtype, device)
@@ -90,15 +88,20 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
                          "(config.json, weights, tokenizer files). Heavy: precompute embeddings once and use "
                          "OmniDreams Load Text Embedding when memory is short."),
             inputs=[
-                io.Combo.Input("folder", options=_text_encoder_folders()),
+                io.Combo.Input("folder", options=safe_paths.list_model_folders("text_encoders",
+                                                                               encoder_folder_problem)),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
             ],
             outputs=[TextEncoderType.Output(display_name="text_encoder")],
         )
 
     @classmethod
+    def validate_inputs(cls, folder=None):
+        return folder is None or safe_paths.problem_of(lambda: _encoder_folder(folder)) or True
+
+    @classmethod
     def execute(cls, folder, dtype="auto") -> io.NodeOutput:
-        path = os.path.dirname(compat.model_file_path("text_encoders", folder + "/config.json"))
+        path = _encoder_folder(folder)
         device = PLATFORM.device
         return io.NodeOutput(load_text_encoder(path, resolve_dtype(dtype, device), device))
 
@@ -111,9 +114,9 @@ class OmniDreamsTextEncode(io.ComfyNode):
             display_name="OmniDreams Text Encode",
             category="OmniVideo/OmniDreams",
             description=("Cosmos-Reason1 'full_concat' prompt embedding [1, 512, 100352]. save_as: if set, also "
-                         "writes it as .safetensors under ComfyUI's output folder (absolute paths and names leading "
-                         "out of it with '..' are refused); move it to models/text_encoders for OmniDreams Load "
-                         "Text Embedding."),
+                         "writes it as .safetensors under ComfyUI's output folder (absolute paths and '..' are "
+                         "refused; an existing file is kept and a numbered name used instead); move it to "
+                         "models/text_encoders for OmniDreams Load Text Embedding."),
             inputs=[
                 TextEncoderType.Input("text_encoder"),
                 io.String.Input("prompt", multiline=True, default=""),
@@ -123,32 +126,25 @@ class OmniDreamsTextEncode(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, save_as=None):
+        if not save_as or not save_as.strip():
+            return True
+        return safe_paths.problem_of(lambda: safe_paths.output_file_path(save_as, ".safetensors")) or True
+
+    @classmethod
     def execute(cls, text_encoder, prompt, save_as="") -> io.NodeOutput:
         if not isinstance(text_encoder, TextEncoder):
             raise ValueError("OmniDreams Text Encode needs the OmniDreams Text Encoder Loader's output "
                              f"(Cosmos-Reason1), got {type(text_encoder).__name__}")
-        path = _embedding_save_path(save_as) if save_as.strip() else None  # checked before the heavy encode
+        save = bool(save_as and save_as.strip())
+        if save:
+            safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
         embedding = encode_prompt(text_encoder, prompt)
-        if path is not None:
-            save_embedding(path, embedding, prompt)
+        if save:
+            path = safe_paths.write_output_file(save_as, ".safetensors",
+                                                lambda tmp: save_embedding(tmp, embedding, prompt))
             compat.log.info("OmniDreams: saved the prompt embedding to %s", path)
         return io.NodeOutput(OmniVideoConditioning(FAMILY, embedding))
-
-
-def _embedding_save_path(save_as: str) -> str:
-    """save_as -> a path under ComfyUI's output folder (sub-folders allowed, '.safetensors' appended).
-    Absolute paths and names that lead out of the output folder ('..') are refused."""
-    name = save_as.strip()
-    name = name if name.endswith(".safetensors") else name + ".safetensors"
-    output_dir = os.path.realpath(compat.output_directory())
-    if os.path.isabs(name) or os.path.splitdrive(name)[0]:
-        raise ValueError(f"save_as must be a file name relative to ComfyUI's output folder ({output_dir}), "
-                         f"not an absolute path: {save_as!r}")
-    path = os.path.realpath(os.path.join(output_dir, name))
-    if os.path.commonpath([output_dir, path]) != output_dir or path == output_dir:
-        raise ValueError(f"save_as {save_as!r} leads outside ComfyUI's output folder ({output_dir}); use a plain "
-                         f"name such as my_prompt.safetensors or a sub-folder like prompts/my_prompt")
-    return path
 
 
 class OmniDreamsLoadTextEmbedding(io.ComfyNode):
@@ -160,25 +156,23 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
             category="OmniVideo/OmniDreams",
             description=("A precomputed prompt embedding (.safetensors from OmniDreams Text Encode's save_as) "
                          "from models/text_encoders, instead of running the 7B encoder."),
-            inputs=[io.Combo.Input("embedding", options=_files("text_encoders", ".safetensors"))],
+            inputs=[io.Combo.Input("embedding", options=safe_paths.list_model_files("text_encoders", EMBEDDING_EXTS,
+                                                                                     embedding_problem))],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
 
     @classmethod
+    def validate_inputs(cls, embedding=None):
+        return embedding is None or safe_paths.problem_of(lambda: _embedding(embedding)) or True
+
+    @classmethod
     def execute(cls, embedding) -> io.NodeOutput:
-        path = compat.model_file_path("text_encoders", embedding)
-        return io.NodeOutput(OmniVideoConditioning(FAMILY, load_embedding(path)))
+        return io.NodeOutput(OmniVideoConditioning(FAMILY, load_embedding(_embedding(embedding))))
 
 
 def _size_inputs() -> list:
     return [io.Int.Input("width", default=1280, min=16, max=8192, step=16),
             io.Int.Input("height", default=704, min=16, max=8192, step=16)]
-
-
-def _size_ok(width, height):
-    if width is None or height is None:  # linked: checked when the node runs
-        return True
-    return True if width % 16 == 0 and height % 16 == 0 else f"width/height must be multiples of 16: {width}x{height}"
 
 
 class OmniDreamsEncodeFirstFrame(io.ComfyNode):
@@ -197,12 +191,9 @@ class OmniDreamsEncodeFirstFrame(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, width=None, height=None, **_):
-        return _size_ok(width, height)
-
-    @classmethod
     def execute(cls, conditioning, vae, image, width=1280, height=704) -> io.NodeOutput:
         _check_family(conditioning)
+        check_wan21_vae(vae)
         return io.NodeOutput(conditioning.with_extras(first_frame=encode_first_frame(vae, image, width, height)))
 
 
@@ -223,12 +214,9 @@ class OmniDreamsEncodeHDMap(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, width=None, height=None, **_):
-        return _size_ok(width, height)
-
-    @classmethod
     def execute(cls, conditioning, vae, hdmap, width=1280, height=704) -> io.NodeOutput:
         _check_family(conditioning)
+        check_wan21_vae(vae)
         return io.NodeOutput(conditioning.with_extras(hdmap=encode_hdmap(vae, hdmap, width, height)))
 
 

@@ -11,11 +11,12 @@ from .types import ConditioningType, ModelType
 # family -> "module:function" with signature
 #   sample(model, conditioning, *, seed, frames, steps, width, height, progress) -> LATENT dict
 # `progress` is a factory: progress(total) -> object with update(n) (compat.ProgressBar).
+MAX_FRAMES = 1021  # OmniDreams: 128 chunks, 34 s at 30 fps (H3 checks its own 5-15 s)
+
 SAMPLERS = {
     "omnidreams": "..pipelines.omnidreams:sample",
     "h3": "..pipelines.h3:sample",
 }
-
 
 
 def sampler_for(family: str):
@@ -44,7 +45,9 @@ class OmniVideoSampler(io.ComfyNode):
                 ModelType.Input("model"),
                 ConditioningType.Input("conditioning"),
                 io.Int.Input("seed", default=42, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-                io.Int.Input("frames", default=61, min=1, max=4096, tooltip="Pixel frames to generate."),
+                io.Int.Input("frames", default=61, min=1, max=MAX_FRAMES,
+                             tooltip=f"Pixel frames to generate (at most {MAX_FRAMES}: the whole video is held in "
+                                     "memory)."),
                 io.Int.Input("steps", default=0, min=0, max=200, tooltip="0 = the family's default."),
                 io.Int.Input("width", default=1280, min=16, max=8192, step=16,
                              tooltip="Used when no image conditioning fixes the size."),
@@ -55,16 +58,10 @@ class OmniVideoSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, frames=None, width=None, height=None, **_):
-        # ComfyUI passes None for linked inputs; those are checked by the family's sampler.
-        if frames is not None and frames < 1:
-            return f"frames must be >= 1, got {frames}"
-        if width is not None and height is not None and (width % 16 or height % 16):
-            return f"width and height must be multiples of 16, got {width}x{height}"
-        return True
-
-    @classmethod
     def execute(cls, model, conditioning, seed=42, frames=61, steps=0, width=1280, height=704) -> io.NodeOutput:
+        # ComfyUI checks the declared min/max; the step of 16 is not checked by ComfyUI, so it is here.
+        if width % 16 or height % 16:
+            raise ValueError(f"width and height must be multiples of 16, got {width}x{height}")
         if model.family != conditioning.family:
             raise ValueError(f"the model is {model.family} but the conditioning was made for {conditioning.family}: "
                              f"use that family's text encode node")

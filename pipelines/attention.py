@@ -29,12 +29,28 @@ log = logging.getLogger("omnivideo")
 BACKENDS = ("auto", "sdpa", "flash_varlen", "rainfusion")
 MIN_VIDEO_BLOCKS = 32  # 4096 rows at block 128: below this the plan costs more than it saves
 MAX_SPARSITY = 0.95
+MAX_LAYER = 9999  # layer indices in skip_layers; real models have < 100 blocks
+MAX_SKIP_LAYERS_CHARS = 1000  # the text is parsed in time and memory bounded by this, never expanded
 
 
-def parse_skip_layers(text: str) -> frozenset[int]:
-    """ "0-3,38" -> {0, 1, 2, 3, 38}. Raises ValueError with the offending piece."""
-    layers: set[int] = set()
-    for piece in (p.strip() for p in (text or "").split(",")):
+@dataclass(frozen=True)
+class LayerRanges:
+    """Parsed skip_layers: inclusive (first, last) ranges, kept as ranges (a range is never expanded)."""
+
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def __contains__(self, layer: int) -> bool:
+        return any(lo <= layer <= hi for lo, hi in self.ranges)
+
+
+def parse_skip_layers(text: str) -> LayerRanges:
+    """ "0-3,38" -> ranges (0, 3), (38, 38). Raises ValueError with the offending piece."""
+    text = text or ""
+    if len(text) > MAX_SKIP_LAYERS_CHARS:
+        raise ValueError(f"skip_layers is {len(text)} characters long; at most {MAX_SKIP_LAYERS_CHARS} "
+                         "(write ranges such as \"0-3,38\")")
+    ranges = []
+    for piece in (p.strip() for p in text.split(",")):
         if not piece:
             continue
         m = re.fullmatch(r"(\d+)\s*(?:-\s*(\d+))?", piece)
@@ -43,8 +59,11 @@ def parse_skip_layers(text: str) -> frozenset[int]:
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise ValueError(f"skip_layers: range {piece!r} runs backwards; write it as {hi}-{lo}")
-        layers.update(range(lo, hi + 1))
-    return frozenset(layers)
+        if hi > MAX_LAYER:
+            raise ValueError(f"skip_layers: layer {hi} in {piece!r} is beyond {MAX_LAYER}; layers are block indices "
+                             "(0 = the first block)")
+        ranges.append((lo, hi))
+    return LayerRanges(tuple(sorted(ranges)))
 
 
 def validate(backend: str, sparsity: float, start_step: int, skip_layers: str, block_size: int,
@@ -84,7 +103,7 @@ class AttentionConfig:
             raise ValueError(f"OmniVideo attention: {problem}")
 
     @property
-    def skip_set(self) -> frozenset[int]:
+    def skip_ranges(self) -> LayerRanges:
         return parse_skip_layers(self.skip_layers)
 
     @property
@@ -142,7 +161,7 @@ def dense_reason(config: AttentionConfig, q, k, layout: AttnLayout | None, step:
     b, s = q.shape[:2]
     if k.shape[:2] != q.shape[:2]:
         return "not self-attention", f"q has {s} rows, k has {k.shape[1]}"
-    if layer is not None and layer in config.skip_set:
+    if layer is not None and layer in config.skip_ranges:
         return "skip_layers", f"layer {layer} is in skip_layers {config.skip_layers!r}"
     if step is not None and step < config.start_step:
         return "warm-up", f"step {step} < start_step {config.start_step}"

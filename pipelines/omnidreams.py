@@ -201,6 +201,15 @@ def check_size(width: int, height: int) -> None:
         raise ValueError(f"width and height must be positive multiples of {unit}; got {width}x{height}")
 
 
+def check_wan21_vae(vae) -> None:
+    """Before any encoding: ComfyUI's VAE object must be the Wan 2.1 VAE (16-channel video latents)."""
+    channels, dims = getattr(vae, "latent_channels", None), getattr(vae, "latent_dim", None)
+    network = type(getattr(vae, "first_stage_model", None)).__name__
+    if channels != len(LATENT_MEAN) or dims != 3 or network not in ("WanVAE", "NoneType"):
+        raise ValueError(f"OmniDreams needs the Wan 2.1 VAE (16-channel video latents); this VAE is {network} with "
+                         f"{channels} latent channels over {dims} dimensions. Load wan_2.1_vae.safetensors with Load VAE.")
+
+
 def _vae_encode(vae, pixels: torch.Tensor) -> torch.Tensor:
     """ComfyUI's VAE.encode: IMAGE in [0,1] (it scales to [-1,1] itself) -> raw posterior mean."""
     mu = vae.encode(pixels)

@@ -71,3 +71,11 @@ def comfyui_path() -> Path:
     if not (path / "main.py").is_file() or not (path / "comfy").is_dir():
         pytest.skip(f"COMFYUI_PATH={raw} is not a ComfyUI checkout (no main.py / comfy/ there)")
     return path
+
+
+@pytest.fixture
+def comfy_folders(tmp_path, monkeypatch):
+    """ComfyUI's folders (models/<kind>, output) in a temp dir, as compat reports them inside ComfyUI."""
+    from comfy_folders import patch_comfy_folders
+
+    return patch_comfy_folders(monkeypatch, tmp_path / "comfyui")

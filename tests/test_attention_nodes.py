@@ -32,12 +32,15 @@ def test_selector_schema_validation_and_output():
     assert [i.id for i in schema.inputs] == ["backend", "sparsity", "start_step", "skip_layers", "block_size"]
     assert schema.outputs[0].io_type == "OMNIVIDEO_ATTENTION"
     ok = dict(backend="rainfusion", sparsity=0.8, start_step=2, skip_layers="0-3,38", block_size=128)
-    assert OmniVideoAttention.validate_inputs(**ok) is True
-    assert "out of range" in OmniVideoAttention.validate_inputs(**{**ok, "sparsity": 0.97})
-    assert "skip_layers" in OmniVideoAttention.validate_inputs(**{**ok, "skip_layers": "3-"})
-    assert "power of two" in OmniVideoAttention.validate_inputs(**{**ok, "block_size": 100})
+    assert OmniVideoAttention.validate_inputs(skip_layers="0-3,38") is True
+    assert "skip_layers" in OmniVideoAttention.validate_inputs(skip_layers="3-")
+    with pytest.raises(ValueError, match="out of range"):  # sparsity: ComfyUI's max check, and here again
+        OmniVideoAttention.execute(**{**ok, "sparsity": 0.97})
+    with pytest.raises(ValueError, match="power of two"):
+        OmniVideoAttention.execute(**{**ok, "block_size": 100})
     config = OmniVideoAttention.execute(**ok).args[0]
-    assert config == AttentionConfig("rainfusion", 0.8, 2, "0-3,38", 128) and config.skip_set == {0, 1, 2, 3, 38}
+    assert config == AttentionConfig("rainfusion", 0.8, 2, "0-3,38", 128)
+    assert [i for i in range(40) if i in config.skip_ranges] == [0, 1, 2, 3, 38]
     assert copy.deepcopy(config) == config
 
 

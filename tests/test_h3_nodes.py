@@ -11,14 +11,19 @@ from omnivideo.nodes import h3 as nodes
 from omnivideo.nodes.sampler import OmniVideoSampler
 from omnivideo.pipelines.h3.geometry import FPS
 
+from comfy_folders import patch_comfy_folders
 from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
 from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    root = write_folder(tmp_path_factory.mktemp("h3n") / "MiniMax-H3-tiny", *make_models(seed=4))
-    out = nodes.OmniVideoH3Loader.execute(str(root), dtype="fp32")
+    base = tmp_path_factory.mktemp("h3n")
+    with pytest.MonkeyPatch.context() as mp:
+        folders = patch_comfy_folders(mp, base)
+        write_folder(folders.models("diffusers") / "MiniMax-H3-tiny", *make_models(seed=4))
+        assert nodes.OmniVideoH3Loader.validate_inputs(folder="MiniMax-H3-tiny") is True
+        out = nodes.OmniVideoH3Loader.execute("MiniMax-H3-tiny", dtype="fp32")
     model, tokenizer, image_processor = tiny_qwen3vl()
     te = H3TextEncoder(model, tokenizer, test_processor(tokenizer, image_processor), layer=LAYER)
     return out[0], out[1], out[2], te
@@ -30,24 +35,26 @@ def test_schemas():
                    "OmniVideoH3TextEncode", "OmniVideoH3Decode"}
     decode = nodes.OmniVideoH3Decode.define_schema()
     assert [o.io_type for o in decode.outputs] == ["IMAGE", "AUDIO"]
-    assert nodes.OmniVideoH3Keyframes.validate_inputs(width=100, height=64).startswith("width and height")
+    with pytest.raises(ValueError, match="multiples of 32"):
+        nodes.OmniVideoH3Keyframes.execute(None, width=100, height=64)
 
 
-def test_fl2va_through_the_nodes(loaded, tmp_path, monkeypatch):
+def test_fl2va_through_the_nodes(loaded, comfy_folders):
     model, vae, audio_vae, te = loaded
-    monkeypatch.setattr(compat, "output_directory", lambda: str(tmp_path))  # save_as writes under the output folder
+    comfy_folders.output.rmdir()  # save_as writes under the output folder: make it the embeddings' folder here
+    comfy_folders.output.symlink_to(comfy_folders.models("text_encoders"))
     image = torch.rand(1, 80, 120, 3)
     kf = nodes.OmniVideoH3Keyframes.execute(vae, WIDTH, HEIGHT, first_image=image)[0]
     cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, keyframes=kf, save_as="fox")[0]
     assert cond.family == "h3" and int((cond.extras["text_token_tags"] == 0).sum()) > 0
     assert cond.extras["h3_keyframes"]["anchors"] == ("first",)
     # the saved embedding reproduces the conditioning without the encoder
-    again = nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file=str(tmp_path / "fox.safetensors"))[0]
+    again = nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file="fox.safetensors")[0]
     assert torch.equal(again.text, cond.text)
     plain = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="plain")[0]
     assert plain.extras.get("h3_keyframes") is None
     with pytest.raises(ValueError, match="made without keyframes"):
-        nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file=str(tmp_path / "plain.safetensors"))
+        nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file="plain.safetensors")
 
     latent = OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)[0]
     images, audio = nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent).args
@@ -83,13 +90,11 @@ def test_text_encode_needs_an_encoder():
         nodes.OmniVideoH3TextEncode.execute("A fox.")
 
 
-def test_save_as_stays_in_the_output_folder(loaded, tmp_path, monkeypatch):
+def test_save_as_stays_in_the_output_folder(loaded, tmp_path, comfy_folders):
     te = loaded[3]
-    out = tmp_path / "output"
-    out.mkdir()
-    monkeypatch.setattr(compat, "output_directory", lambda: str(out))
-    for bad, why in [(str(tmp_path / "abs"), "absolute path"), ("../escape", "'..' is not allowed"),
-                     ("a/../../escape", "'..' is not allowed")]:
+    out = comfy_folders.output
+    for bad, why in [(str(tmp_path / "abs"), "absolute paths"), ("../escape", "'..' is not accepted"),
+                     ("a/../../escape", "'..' is not accepted")]:
         with pytest.raises(ValueError, match=why):
             nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as=bad)
     assert not (tmp_path / "abs.safetensors").exists() and not (tmp_path / "escape.safetensors").exists()
@@ -99,27 +104,30 @@ def test_save_as_stays_in_the_output_folder(loaded, tmp_path, monkeypatch):
         nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="link/fox")
     nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="prompts/fox")
     assert (out / "prompts" / "fox.safetensors").is_file()
+    first = (out / "prompts" / "fox.safetensors").read_bytes()
+    nodes.OmniVideoH3TextEncode.execute("A cat.", text_encoder=te, save_as="prompts/fox")  # never overwrites
+    assert (out / "prompts" / "fox.safetensors").read_bytes() == first
+    assert (out / "prompts" / "fox_00001.safetensors").is_file()
 
 
-def test_embedding_file_is_a_text_encoders_combo(loaded, tmp_path, monkeypatch):
+def test_embedding_file_lists_exactly_the_h3_embeddings(loaded, comfy_folders):
+    from safetensors.torch import save_file
+
     te = loaded[3]
-    monkeypatch.setattr(compat, "output_directory", lambda: str(tmp_path))
     cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="fox")[0]
-    monkeypatch.setattr(compat, "model_file_list",
-                        lambda folder: ["fox.safetensors", "qwen/tokenizer.json", "sub/b.safetensors"]
-                        if folder == "text_encoders" else [])
+    encoders = comfy_folders.models("text_encoders")
+    (comfy_folders.output / "fox.safetensors").rename(encoders / "fox.safetensors")
+    (encoders / "qwen").mkdir()
+    (encoders / "qwen" / "tokenizer.json").write_text("{}")
+    save_file({"weight": torch.zeros(2)}, str(encoders / "qwen" / "model.safetensors"))  # weights, not an embedding
     port = {p.id: p for p in nodes.OmniVideoH3TextEncode.define_schema().inputs}["embedding_file"]
     assert port.io_type == "COMBO"
-    assert port.options["options"] == ["", "fox.safetensors", "sub/b.safetensors"]
-    asked = []
-
-    def model_file_path(folder, name):
-        asked.append((folder, name))
-        return str(tmp_path / name)
-
-    monkeypatch.setattr(compat, "model_file_path", model_file_path)
+    assert port.options["options"] == ["", "fox.safetensors"]
+    assert nodes.OmniVideoH3TextEncode.validate_inputs(embedding_file="fox.safetensors") is True
+    assert "not an H3 prompt embedding" in nodes.OmniVideoH3TextEncode.validate_inputs(
+        embedding_file="qwen/model.safetensors")
     again = nodes.OmniVideoH3TextEncode.execute("", embedding_file="fox.safetensors")[0]
-    assert asked == [("text_encoders", "fox.safetensors")] and torch.equal(again.text, cond.text)
+    assert torch.equal(again.text, cond.text)
 
 
 def test_decode_reports_progress_and_offloads(loaded, monkeypatch):

@@ -27,9 +27,25 @@ def test_schema_is_namespaced_and_documented(node_id, node):
     assert len({i.id for i in schema.inputs}) == len(schema.inputs)
 
 
+@pytest.mark.parametrize("node_id, node", NODES, ids=[n for n, _ in NODES])
+def test_validate_inputs_keeps_comfyuis_own_checks(node_id, node):
+    """ComfyUI skips its min/max checks for every input a validate_inputs names, for all inputs when it takes
+    **kwargs, and reports a failure once per named input. So ours name one input at most, never one with
+    declared limits, and never take **kwargs."""
+    if "validate_inputs" not in vars(node):
+        return  # the base class's: ComfyUI treats it as absent
+    params = inspect.signature(node.validate_inputs).parameters
+    assert not any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params.values()), node_id
+    assert len(params) <= 1, f"{node_id}.validate_inputs names {list(params)}: one input at most"
+    limited = {i.id for i in node.define_schema().inputs if {"min", "max"} & set(getattr(i, "options", {}) or {})
+               or getattr(i, "min", None) is not None or getattr(i, "max", None) is not None}
+    assert not limited & set(params), f"{node_id}.validate_inputs would switch off ComfyUI's limits of {limited}"
+
+
 def test_attention_node_checks_values_when_known():
     node = NODE_CLASS_MAPPINGS["OmniVideoAttention"]
-    assert "sparsity" in node.validate_inputs(backend="rainfusion", sparsity=1.5, start_step=0, skip_layers="",
-                                              block_size=128)
+    assert "skip_layers" in node.validate_inputs(skip_layers="0-30000000")
+    with pytest.raises(ValueError, match="sparsity"):
+        node.execute(backend="rainfusion", sparsity=1.5, start_step=0, skip_layers="", block_size=128)
     with pytest.raises(ValueError, match="skip_layers|malformed|layer"):
         node.execute(backend="rainfusion", sparsity=0.8, start_step=0, skip_layers="0-x", block_size=128)

@@ -19,6 +19,8 @@ class StandInWanVAE:
     raw latent (posterior mean) [1,16,1+(T-1)//4,H/8,W/8] out. The mean is a fixed function of
     the pixels so tests can predict it."""
 
+    latent_channels, latent_dim = 16, 3  # what comfy.sd.VAE sets for the Wan 2.1 VAE
+
     def __init__(self):
         self.calls = []
 
@@ -65,25 +67,32 @@ def test_wrong_vae_is_explained():
         nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), ImageVAE(), torch.rand(1, 32, 32, 3), 32, 32)
 
 
-def test_validate_inputs():
-    assert nodes.OmniDreamsEncodeFirstFrame.validate_inputs(width=1280, height=704) is True
-    assert "multiples of 16" in nodes.OmniDreamsEncodeFirstFrame.validate_inputs(width=1280, height=700)
-    assert "multiple of the chunk" in nodes.OmniDreamsModelLoader.validate_inputs(window_frames=5, sink_frames=0)
-    assert OmniVideoSampler.validate_inputs(frames=0) != True  # noqa: E712
+def test_steps_comfyui_does_not_check_are_checked_before_work():
+    """ComfyUI checks min/max only; the step rules (multiples of 16, even window) are checked when the node
+    starts, before any file is read or VAE run."""
+    vae = StandInWanVAE()
+    with pytest.raises(ValueError, match="multiples of 16"):
+        nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), vae, torch.rand(1, 32, 32, 3), 1280, 700)
+    assert not vae.calls
+    with pytest.raises(ValueError, match="multiple of the chunk"):
+        nodes.OmniDreamsModelLoader.execute("missing.pt", window_frames=5, sink_frames=0)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        OmniVideoSampler.execute(None, None, frames=13, width=100, height=64)
 
 
-def test_load_text_embedding_node(tmp_path):
+def test_load_text_embedding_node(comfy_folders):
     emb = torch.randn(1, 512, 12)
-    path = save_embedding(str(tmp_path / "prompt.safetensors"), emb, "p")
-    cond = nodes.OmniDreamsLoadTextEmbedding.execute(path)[0]
+    save_embedding(str(comfy_folders.models("text_encoders") / "prompt.safetensors"), emb, "p")
+    assert nodes.OmniDreamsLoadTextEmbedding.validate_inputs(embedding="prompt.safetensors") is True
+    cond = nodes.OmniDreamsLoadTextEmbedding.execute("prompt.safetensors")[0]
     assert cond.family == "omnidreams"
     torch.testing.assert_close(cond.text, emb)
 
 
-def test_loader_encode_sample_pipeline(tmp_path):
-    path = tmp_path / "omnidreams_tiny.pt"
-    torch.save(stored_state_dict(TINY, seed=2), path)
-    model = nodes.OmniDreamsModelLoader.execute(str(path), dtype="fp32", window_frames=4, sink_frames=0)[0]
+def test_loader_encode_sample_pipeline(comfy_folders):
+    torch.save(stored_state_dict(TINY, seed=2), comfy_folders.models("diffusion_models") / "omnidreams_tiny.pt")
+    assert nodes.OmniDreamsModelLoader.validate_inputs(ckpt_name="omnidreams_tiny.pt") is True
+    model = nodes.OmniDreamsModelLoader.execute("omnidreams_tiny.pt", dtype="fp32", window_frames=4, sink_frames=0)[0]
     assert model.family == "omnidreams" and model.extras["ar"] == {"window_frames": 4, "sink_frames": 0}
     vae = StandInWanVAE()
     cond = nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), vae, torch.rand(1, 32, 48, 3), 48, 32)[0]
@@ -121,12 +130,10 @@ def test_text_encode_rejects_another_familys_encoder():
         nodes.OmniDreamsTextEncode.execute(object(), "a prompt")
 
 
-def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, monkeypatch):
+def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders, monkeypatch):
     from omnivideo.models.omnidreams_text import TextEncoder, load_embedding
 
-    out_dir = tmp_path / "output"
-    out_dir.mkdir()
-    monkeypatch.setattr(nodes.compat, "output_directory", lambda: str(out_dir))
+    out_dir = comfy_folders.output
     encoded = []
     emb = torch.randn(1, 512, 12)
 
@@ -140,14 +147,16 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, monkeypatch):
     cond = nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
     torch.testing.assert_close(cond.text, emb)
     torch.testing.assert_close(load_embedding(str(out_dir / "prompts" / "night.safetensors")), emb)
-    nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as="a/../day.safetensors")  # stays inside: fine
-    assert (out_dir / "day.safetensors").is_file()
-    assert encoded == ["a car", "a car"]
+    assert encoded == ["a car"]
 
+    (tmp_path / "elsewhere").mkdir()
+    (out_dir / "link").symlink_to(tmp_path / "elsewhere")
     for bad, why in ((str(tmp_path / "abs.safetensors"), "absolute"), ("/etc/x", "absolute"),
-                     ("../escape", "outside"), ("prompts/../../escape", "outside"), ("../output", "outside")):
+                     ("../escape", "'..'"), ("prompts/../../escape", "'..'"), ("a/../day", "'..'"),
+                     ("link/x", "outside"), ("x" * 300, "longer than"), ("C:\\x", "absolute")):
+        assert "refused" in nodes.OmniDreamsTextEncode.validate_inputs(save_as=bad)
         with pytest.raises(ValueError, match=why):
             nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=bad)
-    assert encoded == ["a car", "a car"]  # refused before the (heavy) encode
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["output"]  # nothing written outside
-    assert not (tmp_path / "abs.safetensors").exists()
+    assert encoded == ["a car"]  # refused before the (heavy) encode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["comfyui", "elsewhere"]
+    assert not any((tmp_path / "elsewhere").iterdir())  # nothing written outside

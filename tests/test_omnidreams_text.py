@@ -102,7 +102,7 @@ def test_embedding_file_round_trip(tmp_path):
 
 
 def test_missing_folder_is_explained(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(ValueError, match="has no config.json"):
         te.load_text_encoder(str(tmp_path), torch.float32, torch.device("cpu"))
 
 

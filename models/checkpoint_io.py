@@ -1,0 +1,93 @@
+"""Reading weight files and small config files safely, with errors that name the file and say what to do.
+
+Nothing here unpickles code: `.pt` files go through `torch.load(weights_only=True)` and a refusal of
+ours (never torch's hint to retry with weights_only=False); `.safetensors` is preferred everywhere.
+Header-only reads are bounded, so listing a models folder costs little time and memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+
+import torch
+
+MAX_HEADER_BYTES = 64 << 20  # a safetensors header larger than this is refused (real ones are < 10 MB)
+MAX_CONFIG_BYTES = 1 << 20
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save since 1.6
+PICKLE_PROTO = b"\x80"  # legacy torch.save starts with a pickle protocol opcode
+
+
+class CheckpointError(ValueError):
+    """The file is not a usable checkpoint; the message names it and says what to do."""
+
+
+def _damaged(path: str, kind: str, err: BaseException | str) -> CheckpointError:
+    detail = err if isinstance(err, str) else (str(err).splitlines() or [type(err).__name__])[0][:200]
+    return CheckpointError(f"{os.path.basename(path)} cannot be read as {kind} ({detail}). The file is damaged or "
+                           "incomplete (an interrupted download or copy?): download it again.")
+
+
+def safetensors_keys(path: str) -> list[str]:
+    """Tensor names from a .safetensors header, reading only the header (bounded)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _damaged(path, ".safetensors", "shorter than its 8-byte header length")
+        (size,) = struct.unpack("<Q", head)
+        if size > MAX_HEADER_BYTES or size > os.fstat(f.fileno()).st_size - 8:
+            raise _damaged(path, ".safetensors", f"header length {size} does not fit the file")
+        try:
+            header = json.loads(f.read(size))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise _damaged(path, ".safetensors", f"header is not JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise _damaged(path, ".safetensors", "header is not a JSON object")
+    return [k for k in header if k != "__metadata__"]
+
+
+def read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    """All tensors of a .safetensors file on CPU."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except FileNotFoundError:
+        raise CheckpointError(f"{os.path.basename(path)} does not exist (any more).") from None
+    except (SafetensorError, OSError) as err:
+        raise _damaged(str(path), ".safetensors", err) from None
+
+
+def read_torch_file(path: str):
+    """A torch.save file (zip or legacy), weights only: a pickle that would run code is refused, not run."""
+    name = os.path.basename(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != ZIP_MAGIC and head[:1] != PICKLE_PROTO:
+        raise CheckpointError(f"{name} is not a PyTorch checkpoint: it starts with {head!r}, not a torch.save "
+                              "archive. Use the released .pt file or a .safetensors file.")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=head == ZIP_MAGIC)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{name}: refused to load. The file holds Python objects other than tensors (a pickle that could "
+            "run code), so it was not unpickled. Use the released .pt or a .safetensors file.") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, struct.error) as err:
+        raise _damaged(path, "a PyTorch checkpoint", type(err).__name__) from None
+
+
+def read_json(path: str) -> dict:
+    """A small JSON object (config.json); refuses files over MAX_CONFIG_BYTES."""
+    if os.path.getsize(path) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; it is not a config file.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}).") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object.")
+    return data
