@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+OUTSIDE_MARKER = "omnivideo_outside_bait"  # in the name of every file the hostile-input tests aim at
 PACK_FOLDER = "omnivideo"  # the name `comfy node install omnivideo` would give the folder
 READY_TIMEOUT_S = 90
 VAE_FILE = "wan_2.1_vae.safetensors"
@@ -79,9 +80,25 @@ def write_random_wan21_vae(path: Path, seed: int = 0) -> dict:
 
 PROBE_PACK = textwrap.dedent('''
     import os
+    import sys
 
     import folder_paths
     from safetensors.torch import save_file
+
+    OPENED = []  # paths holding OUTSIDE_MARKER that Python code in this server opened
+
+
+    def _audit(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and OUTSIDE_MARKER in os.fsdecode(args[0]):
+            OPENED.append(os.fsdecode(args[0]))
+
+
+    sys.addaudithook(_audit)
+
+
+    class AnyType(str):
+        def __ne__(self, other):  # ComfyUI's validate_node_input: equal to every type
+            return False
 
 
     class OmniVideoTestSaveTensor:
@@ -102,7 +119,24 @@ PROBE_PACK = textwrap.dedent('''
             return {"ui": {"probe": [{"path": path, "shape": list(images.shape), "dtype": str(images.dtype)}]}}
 
 
-    NODE_CLASS_MAPPINGS = {"OmniVideoTestSaveTensor": OmniVideoTestSaveTensor}
+    class OmniVideoTestSink:
+        """Test-only: an output node taking any value, so one node of ours can be validated and run alone.
+        Reports the paths holding OUTSIDE_MARKER this server has opened so far."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"value": (AnyType("*"),)}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "sink"
+        OUTPUT_NODE = True
+        CATEGORY = "_for_testing"
+
+        def sink(self, value):
+            return {"ui": {"opened": list(OPENED)}}
+
+
+    NODE_CLASS_MAPPINGS = {"OmniVideoTestSaveTensor": OmniVideoTestSaveTensor, "OmniVideoTestSink": OmniVideoTestSink}
 ''')
 
 
@@ -181,6 +215,20 @@ class ComfyServer:
         status, body = self.request("/prompt", {"prompt": graph, "client_id": self.client_id})
         return status, json.loads(body or b"{}")
 
+    def node_errors(self, graph: dict) -> dict:
+        """POST /prompt expecting ComfyUI's validation to refuse it: {node id: [(type, input, details), ...]}."""
+        status, resp = self.post_prompt(graph)
+        assert status == 400, f"expected a validation refusal, got HTTP {status}: {resp}"
+        return {nid: [(e["type"], e.get("extra_info", {}).get("input_name"), e.get("details", ""))
+                      for e in err["errors"]] for nid, err in resp.get("node_errors", {}).items()}
+
+    def websocket(self, timeout: float = 60):
+        """ComfyUI's websocket for this client id (progress, executing, execution_* messages)."""
+        import websocket  # websocket-client
+
+        return websocket.create_connection(self.url.replace("http", "ws", 1) + f"/ws?clientId={self.client_id}",
+                                           timeout=timeout)
+
     def queue(self, graph: dict) -> str:
         status, resp = self.post_prompt(graph)
         assert status == 200 and "prompt_id" in resp, \
@@ -253,7 +301,8 @@ def comfy_server(tmp_path_factory, comfyui_path):
         (root / sub).mkdir(parents=True, exist_ok=True)
     _link_or_copy(REPO, root / "custom_nodes" / PACK_FOLDER)
     (root / "custom_nodes" / "omnivideo_test_probe").mkdir()
-    (root / "custom_nodes" / "omnivideo_test_probe" / "__init__.py").write_text(PROBE_PACK, encoding="utf-8")
+    (root / "custom_nodes" / "omnivideo_test_probe" / "__init__.py").write_text(
+        f"OUTSIDE_MARKER = {OUTSIDE_MARKER!r}\n" + PROBE_PACK, encoding="utf-8")
     yaml_path = root / "extra_model_paths.yaml"
     yaml_path.write_text(textwrap.dedent(f"""\
         omnivideo_integration:
