@@ -24,28 +24,57 @@ class CheckpointError(ValueError):
     """The file is not a usable checkpoint; the message names it and says what to do."""
 
 
+def shown_name(path: str) -> str:
+    """The file and its folder (vae/diffusion_pytorch_model.safetensors): enough to find it, no full path."""
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
 def _damaged(path: str, kind: str, err: BaseException | str) -> CheckpointError:
     detail = err if isinstance(err, str) else (str(err).splitlines() or [type(err).__name__])[0][:200]
-    return CheckpointError(f"{os.path.basename(path)} cannot be read as {kind} ({detail}). The file is damaged or "
+    return CheckpointError(f"{shown_name(path)} cannot be read as {kind} ({detail}). The file is damaged or "
                            "incomplete (an interrupted download or copy?): download it again.")
 
 
 def safetensors_keys(path: str) -> list[str]:
     """Tensor names from a .safetensors header, reading only the header (bounded)."""
+    return [k for k in _safetensors_header(path) if k != "__metadata__"]
+
+
+def check_safetensors(path: str) -> None:
+    """Raise if the header does not describe the whole file (a truncated download), reading only the header:
+    a cheap check to run on every file before loading any."""
+    header = _safetensors_header(path)
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, ValueError, IndexError):
+        raise _damaged(path, ".safetensors", "the header's data_offsets are malformed") from None
+    data = os.path.getsize(path) - 8 - _header_size(path)
+    if end != data:
+        raise _damaged(path, ".safetensors", f"the header describes {end} bytes of tensors, the file holds {data}")
+
+
+def _header_size(path: str) -> int:
     with open(path, "rb") as f:
         head = f.read(8)
-        if len(head) < 8:
-            raise _damaged(path, ".safetensors", "shorter than its 8-byte header length")
-        (size,) = struct.unpack("<Q", head)
+    if len(head) < 8:
+        raise _damaged(path, ".safetensors", "shorter than its 8-byte header length")
+    return struct.unpack("<Q", head)[0]
+
+
+def _safetensors_header(path: str) -> dict:
+    size = _header_size(path)
+    with open(path, "rb") as f:
+        f.seek(8)
         if size > MAX_HEADER_BYTES or size > os.fstat(f.fileno()).st_size - 8:
             raise _damaged(path, ".safetensors", f"header length {size} does not fit the file")
         try:
             header = json.loads(f.read(size))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise _damaged(path, ".safetensors", f"header is not JSON: {err}") from None
-    if not isinstance(header, dict):
-        raise _damaged(path, ".safetensors", "header is not a JSON object")
-    return [k for k in header if k != "__metadata__"]
+    if not isinstance(header, dict) or not all(isinstance(v, dict) and "data_offsets" in v
+                                               for k, v in header.items() if k != "__metadata__"):
+        raise _damaged(path, ".safetensors", "header is not a safetensors tensor table")
+    return header
 
 
 def read_safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -56,7 +85,7 @@ def read_safetensors(path: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path), device="cpu")
     except FileNotFoundError:
-        raise CheckpointError(f"{os.path.basename(path)} does not exist (any more).") from None
+        raise CheckpointError(f"{shown_name(path)} does not exist (any more).") from None
     except (SafetensorError, OSError) as err:
         raise _damaged(str(path), ".safetensors", err) from None
 

@@ -27,7 +27,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Rotary
 
 from ..backends import resolve_dtype
 from ..pipelines.h3.geometry import H3Geometry
-from .checkpoint_io import read_safetensors
+from .checkpoint_io import check_safetensors, read_safetensors
 
 log = logging.getLogger("omnivideo")
 
@@ -230,6 +230,10 @@ def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "auto",
 
     dtype = resolve_dtype(dtype, device)
     root = check_folder(folder, need_transformer_weights=transformer_file is None)
+    subs = ("vae", "audio_vae") if transformer_file is not None else ("transformer", "vae", "audio_vae")
+    files = [f for sub in subs for f in _weight_files(root / sub)] + ([transformer_file] if transformer_file else [])
+    for file in files:  # every file's header first: a truncated download fails before any heavy load
+        check_safetensors(str(file))
     if transformer_file is not None:
         config = _transformer_config(root)
         transformer = build_model(MiniMaxH3Transformer3DModel, config, convert_single_file(transformer_file, config),

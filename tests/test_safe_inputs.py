@@ -249,3 +249,16 @@ def test_encode_first_frame_checks_the_vae_before_encoding():
     cond = OmniVideoConditioning("omnidreams", torch.zeros(1, 512, 8))
     with pytest.raises(ValueError, match="needs the Wan 2.1 VAE.*4 latent channels"):
         od_nodes.OmniDreamsEncodeFirstFrame.execute(cond, SD15VAE(), torch.rand(1, 32, 32, 3), 32, 32)
+
+
+def test_truncated_h3_vae_names_the_file(tmp_path):
+    from h3_tiny import make_models, write_folder
+
+    from omnivideo.models.h3_loader import load_h3
+
+    root = write_folder(tmp_path / "MiniMax-H3", *make_models(seed=0))
+    weights = root / "vae" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match=r"vae/diffusion_pytorch_model.safetensors cannot be read .*header "
+                                              r"describes \d+ bytes of tensors, the file holds \d+.*again"):
+        load_h3(root, "fp32")  # found by the header check, before the transformer is loaded

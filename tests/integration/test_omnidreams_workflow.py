@@ -10,6 +10,8 @@ and SaveVideo writes an mp4 with 1 + (2N - 1) * 4 frames at 30 fps.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,34 @@ def test_omnidreams_workflow_writes_video(comfy_server, omnidreams_files, vae_fi
     assert (info["frames"], info["w"], info["h"]) == (FRAMES, WIDTH, HEIGHT), info
     assert abs(info["fps"] - 30.0) < 1e-6, info
     report.append(f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps")
+
+
+def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(comfy_server, omnidreams_files,
+                                                                                 vae_file, report):
+    """`comfy workflow validate` checks every COMBO value against /object_info. Our dropdowns must list exactly
+    the valid choices: the Text Encoder Loader's folders included (it once listed none)."""
+    port = comfy_server.url.rsplit(":", 1)[1]
+
+    def validate(name: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "comfy_cli", "--skip-prompt", "--no-json", "workflow", "validate",
+               "--workflow", str(REPO / "workflows" / "api" / f"{name}.api.json"), "--where", "local",
+               "--host", "127.0.0.1", "--port", port]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+
+    graph = json.loads((REPO / "workflows" / "api" / "omnidreams_i2v_hdmap.api.json").read_text("utf-8"))
+    shipped = {n["class_type"]: n["inputs"] for n in graph.values()}
+    before = validate("omnidreams_i2v_hdmap")
+    assert before.returncode != 0 and shipped["OmniDreamsTextEncoderLoader"]["folder"] in before.stdout + before.stderr
+    # the shipped names, linked to the tiny files of this test module
+    models = comfy_server.root / "models"
+    links = [(models / "diffusion_models" / shipped["OmniDreamsModelLoader"]["ckpt_name"], models / "diffusion_models" / CKPT),
+             (models / "text_encoders" / shipped["OmniDreamsTextEncoderLoader"]["folder"], models / "text_encoders" / TE_FOLDER),
+             (comfy_server.input_dir / shipped["LoadImage"]["image"], comfy_server.input_dir / IMAGE),
+             (comfy_server.input_dir / shipped["LoadVideo"]["file"], comfy_server.input_dir / HDMAP)]
+    for link, target in links:
+        if not link.exists():
+            link.symlink_to(target)
+    for name in ("omnidreams_i2v", "omnidreams_i2v_hdmap"):
+        result = validate(name)
+        assert result.returncode == 0, f"{name}: comfy workflow validate refused it:\n{result.stdout}\n{result.stderr}"
+    report.append("comfy-cli `workflow validate` accepts omnidreams_i2v and omnidreams_i2v_hdmap (files present)")
