@@ -224,5 +224,6 @@ def test_wan_decode_answers_interrupt_quickly(comfy_server, vae_file, api_graph,
         ws.close()
     assert data["type"] == "execution_interrupted" and data["data"]["prompt_id"] == prompt_id, data
     assert data["data"]["node_id"] == decode, data
-    assert latency < 15.0, f"the decode stopped {latency:.1f} s after /interrupt"
+    # without cancel points inside a latent frame it stops at the end of the frame: 18 s later here
+    assert latency < 6.0, f"the decode stopped {latency:.1f} s after /interrupt"
     report.append(f"Wan decode 832x480 (fusion torch, CPU): stopped {latency:.2f} s after /interrupt")
