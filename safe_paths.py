@@ -166,6 +166,8 @@ def _check(accept: Accept, path: str) -> str | None:
         return accept(path)
     except OSError as err:
         return f"it cannot be read ({err.strerror or type(err).__name__})"
+    except ValueError as err:  # a damaged config.json or header: the entry is not offered, and says why
+        return str(err)
 
 
 def _cached_check(accept: Accept, path: str) -> str | None:

@@ -14,7 +14,6 @@ diffusers' own rule (a listed name equal to a component of the parameter path).
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 from pathlib import Path
@@ -27,7 +26,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Rotary
 
 from ..backends import resolve_dtype
 from ..pipelines.h3.geometry import H3Geometry
-from .checkpoint_io import check_safetensors, read_safetensors
+from .checkpoint_io import CheckpointError, check_safetensors, read_json, read_safetensors
 
 log = logging.getLogger("omnivideo")
 
@@ -42,12 +41,12 @@ class H3LoadError(ValueError):
 
 
 def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise H3LoadError(f"{path} is missing.")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise H3LoadError(f"{path} is missing.") from None
-    except json.JSONDecodeError as exc:
-        raise H3LoadError(f"{path} is not valid JSON ({exc}).") from None
+        return read_json(str(path))
+    except CheckpointError as exc:
+        raise H3LoadError(str(exc)) from None
 
 
 def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = True) -> Path:

@@ -147,7 +147,10 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
     cond = nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
     torch.testing.assert_close(cond.text, emb)
     torch.testing.assert_close(load_embedding(str(out_dir / "prompts" / "night.safetensors")), emb)
-    assert encoded == ["a car"]
+    nodes.OmniDreamsTextEncode.execute(encoder, "a truck", save_as="prompts/night")  # never overwrites
+    torch.testing.assert_close(load_embedding(str(out_dir / "prompts" / "night.safetensors")), emb)
+    assert (out_dir / "prompts" / "night_00001.safetensors").is_file()
+    assert encoded == ["a car", "a truck"]
 
     (tmp_path / "elsewhere").mkdir()
     (out_dir / "link").symlink_to(tmp_path / "elsewhere")
@@ -157,6 +160,6 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
         assert "refused" in nodes.OmniDreamsTextEncode.validate_inputs(save_as=bad)
         with pytest.raises(ValueError, match=why):
             nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=bad)
-    assert encoded == ["a car"]  # refused before the (heavy) encode
+    assert encoded == ["a car", "a truck"]  # refused before the (heavy) encode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["comfyui", "elsewhere"]
     assert not any((tmp_path / "elsewhere").iterdir())  # nothing written outside

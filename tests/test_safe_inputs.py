@@ -168,6 +168,8 @@ def test_dropdowns_list_exactly_what_the_nodes_accept(comfy_folders):
     _bait_h3_folder(comfy_folders.models("diffusers") / "MiniMax-H3")
     (comfy_folders.models("diffusers") / "Wan2.1" / "vae").mkdir(parents=True)  # another family's folder
     (comfy_folders.models("diffusers") / "Wan2.1" / "vae" / "config.json").write_text("{}")
+    _bait_folder(encoders / "broken", "qwen3_vl")
+    (encoders / "broken" / "config.json").write_text("{not json")  # listed nowhere, breaks nothing
 
     def options(node, name):
         return {i.id: i for i in node.define_schema().inputs}[name].options["options"]
@@ -184,6 +186,7 @@ def test_dropdowns_list_exactly_what_the_nodes_accept(comfy_folders):
     assert "no config.json" in h3_nodes.OmniVideoH3TextEncoderLoader.validate_inputs(folder="not_a_model")
     assert "MiniMax-H3" in h3_nodes.OmniVideoH3Loader.validate_inputs(folder="Wan2.1")
     assert "only .pt" in od_nodes.OmniDreamsModelLoader.validate_inputs(ckpt_name="notes.txt")
+    assert "not valid JSON" in h3_nodes.OmniVideoH3TextEncoderLoader.validate_inputs(folder="broken")
 
 
 # ------------------------------------------------------------------------------------------------------------
