@@ -110,7 +110,7 @@ def resolve_model_folder(kind: str, name: str, accept: Accept, what: str = "fold
 
 
 def _accepted(path: str, accept: Accept | None, what: str, name: str) -> str:
-    problem = None if accept is None else _cached_check(accept, path) if os.path.isfile(path) else _check(accept, path)
+    problem = None if accept is None else _check(accept, path)
     if problem is not None:
         raise PathRefused(f"{what} {name!r} cannot be used here: {problem}.")
     return path
@@ -123,8 +123,8 @@ def list_model_files(kind: str, exts: tuple[str, ...], accept: Accept | None = N
         return names
     out = []
     for name in names:
-        path = _first_existing(kind, name, os.path.isfile)
-        if path is not None and _cached_check(accept, path) is None:
+        path = _first_existing(kind, name)
+        if path is not None and _check(accept, path) is None:
             out.append(name)
     return out
 
@@ -153,36 +153,35 @@ def list_model_folders(kind: str, accept: Accept, depth: int = 2) -> list[str]:
     return sorted(found)
 
 
-def _first_existing(kind: str, name: str, exists: Callable[[str], bool]) -> str | None:
+def _first_existing(kind: str, name: str) -> str | None:
     for root in compat.model_folder_roots(kind):
         path = os.path.join(root, *_parts(name))
-        if exists(path):
+        if os.path.isfile(path):
             return path
     return None
 
 
 def _check(accept: Accept, path: str) -> str | None:
+    """accept(path); for a file remembered while its size and mtime stay the same: ComfyUI lists the inputs of
+    every node on each /prompt, so a check that reads a file header must not run again for the same file."""
+    if not os.path.isfile(path):
+        return _run_check(accept, path)
+    st = os.stat(path)
+    return _check_file_once(accept, path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_file_once(accept: Accept, path: str, size: int, mtime_ns: int) -> str | None:
+    return _run_check(accept, path)
+
+
+def _run_check(accept: Accept, path: str) -> str | None:
     try:
         return accept(path)
     except OSError as err:
         return f"it cannot be read ({err.strerror or type(err).__name__})"
     except ValueError as err:  # a damaged config.json or header: the entry is not offered, and says why
         return str(err)
-
-
-def _cached_check(accept: Accept, path: str) -> str | None:
-    """accept(path) for a file, remembered while its size and mtime stay the same: ComfyUI lists the inputs of
-    every node on each /prompt, so a check that reads a file header must not run again for the same file."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "it cannot be read"
-    return _check_file_once(accept, path, st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4096)
-def _check_file_once(accept: Accept, path: str, size: int, mtime_ns: int) -> str | None:
-    return _check(accept, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from .checkpoint_io import read_json, read_safetensors, safetensors_keys
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
 EMBED_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
 VISION_TAG = MINIMAX_H3_VIDEO_TAG  # the row tag of keyframe vision-block tokens (diffusers' video tag)
-EMBEDDING_FOLDER = "text_encoders"  # the ComfyUI model folder saved embeddings are loaded from
 MODEL_TYPE = "qwen3_vl"
 
 

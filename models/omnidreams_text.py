@@ -21,6 +21,7 @@ SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an imag
 MAX_TOKENS = 512
 EMBEDDING_KEY = "omnidreams_text_embedding"
 EMBEDDING_FORMAT = "omnidreams_full_concat"
+MODEL_TYPE = "qwen2_5_vl"  # Cosmos-Reason1 is a Qwen2.5-VL model
 
 
 @dataclass
@@ -29,9 +30,6 @@ class TextEncoder:
     tokenizer: object
     path: str
     device: torch.device = torch.device("cpu")  # where encode_prompt runs it
-
-
-MODEL_TYPE = "qwen2_5_vl"  # Cosmos-Reason1 is a Qwen2.5-VL model
 
 
 def encoder_folder_problem(folder: str) -> str | None:

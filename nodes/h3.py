@@ -6,8 +6,9 @@ from __future__ import annotations
 from .. import compat, safe_paths
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
-from ..models.h3_loader import folder_problem
-from ..models.h3_text import embedding_problem, encoder_folder_problem
+from ..models.h3_loader import folder_problem, load_h3
+from ..models.h3_text import (H3TextEncoder, embedding_problem, encode_prompt, encoder_folder_problem, load_embeddings,
+                              load_text_encoder, save_embeddings, vision_rows)
 from ..models.handles import OmniVideoConditioning
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
@@ -58,8 +59,8 @@ class OmniVideoH3Loader(io.ComfyNode):
             ),
             inputs=[
                 io.Combo.Input("folder", options=safe_paths.list_model_folders("diffusers", folder_problem)),
-                io.Combo.Input("transformer_file", default=FROM_FOLDER, options=[FROM_FOLDER] + safe_paths.list_model_files(
-                    "diffusion_models", WEIGHT_EXTS)),
+                io.Combo.Input("transformer_file", default=FROM_FOLDER,
+                               options=[FROM_FOLDER] + safe_paths.list_model_files("diffusion_models", WEIGHT_EXTS)),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 AttentionType.Input("attention", optional=True,
                                     tooltip="From OmniVideo Attention; unconnected = auto (fastest exact backend)."),
@@ -74,8 +75,6 @@ class OmniVideoH3Loader(io.ComfyNode):
 
     @classmethod
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
-        from ..models.h3_loader import load_h3
-
         single = None if transformer_file in (None, "", FROM_FOLDER) else _transformer_file(transformer_file)
         model, vae, audio_vae = load_h3(_h3_folder(folder), dtype, transformer_file=single,
                                         device=PLATFORM.device, attention=attention)
@@ -106,8 +105,6 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:
-        from ..models.h3_text import load_text_encoder
-
         return io.NodeOutput(load_text_encoder(_encoder_folder(folder), resolve_dtype(dtype), int(layer)))
 
 
@@ -187,8 +184,6 @@ class OmniVideoH3TextEncode(io.ComfyNode):
     @classmethod
     def execute(cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING,
                 save_as="") -> io.NodeOutput:
-        from ..models.h3_text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings, vision_rows
-
         save = bool(save_as and save_as.strip())
         if save:
             safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
