@@ -18,7 +18,7 @@ LASER_ENV = ("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
 _ALL = ("cuda", "npu", "cpu")
 
 
-NPU_BLOCK_SIZE = 128  # MindIE-SD's rf_v2 sparse_attention kernel supports this block size only
+NPU_BLOCK_SIZE = 128  # MindIE-SD's rf_v2 rain_fusion_attention kernel supports this block size only
 
 
 def block_size_error(platform: Platform, block_size: int) -> str | None:
@@ -66,8 +66,10 @@ register(Impl(OP, "npu_laser", ("npu",), f"{_N}:npu_laser", _laser_probe, fallba
          auto_rank=0)
 
 # approximate (RainFusion rf_v2 block-sparse) - after every exact one in the auto order
-register(Impl(OP, "npu_rainfusion", ("npu",), f"{_N}:npu_rainfusion", module_probe("mindiesd", "sparse_attention"),
-              fallback="torch_block_sparse", exact=False, doc="MindIE-SD sparse_attention(sparse_type='rf_v2')"),
+register(Impl(OP, "npu_rainfusion", ("npu",), f"{_N}:npu_rainfusion",
+              module_probe("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2", "rain_fusion_attention"),
+              fallback="torch_block_sparse", exact=False,
+              doc="our rf_v2 plan run by MindIE-SD's rain_fusion_attention kernel (Ascend)"),
          auto_rank=10)
 register(Impl(OP, "flex_block_sparse", ("cuda", "cpu"), ".kernels.attention_flex:flex_block_sparse", _flex_probe,
               fallback="torch_block_sparse", exact=False,

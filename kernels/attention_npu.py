@@ -6,8 +6,9 @@ Thin wrappers that translate our [B, S, H, D] + layout call into MindIE's contra
 - laser (`MINDIE_SD_FA_TYPE=ascend_laser_attention`): `attention_forward` in BNSD on K/V
   sliced to the real rows, with q,k,v pre-divided by 256 because the laser kernel keeps
   QK^T in fp16 (scale x 256^2, output x 256: exact, powers of two);
-- RainFusion: `sparse_attention(sparse_type="rf_v2", ...)`; MindIE picks the blocks itself
-  (from batch element 0 only).
+- RainFusion: our rf_v2 plan (kernels/rainfusion.py, the one every device runs) executed by MindIE's
+  `rain_fusion_attention` kernel with our block tables, one batch element per call (the kernel takes one
+  table per call). MindIE's own `sparse_attention` would select blocks by slightly different rules.
 If the packed contract fails, the padding mask is rebuilt from the valid lengths (O(B*S));
 if that is impossible, `key_padding_mask` raises - padding is never attended silently.
 """
@@ -17,8 +18,12 @@ from __future__ import annotations
 import importlib
 import logging
 
+import torch
+
+from ..backends.attention import NPU_BLOCK_SIZE
 from .attention_layout import AttnLayout, key_padding_mask, packed_used
 from .attention_layout import resolve_scale as _scale
+from .rainfusion import plan_and_permute
 
 log = logging.getLogger("omnivideo")
 
@@ -85,14 +90,38 @@ def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
     return full
 
 
-def npu_rainfusion(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
+RF_KERNEL = ("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2", "rain_fusion_attention")
+
+
+def mindie_block_tables(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[H, nb, nb] bool -> MindIE's (select_idx [nb, H, nb] int64: kept key blocks ascending, then -1;
+    select_num_idx [nb, H] int64), the layout its rain_fusion_attention kernel reads."""
+    nb = block_mask.shape[-1]
+    num = block_mask.sum(-1)
+    idx = torch.argsort((~block_mask).to(torch.int8), dim=-1, stable=True)
+    idx = torch.where(torch.arange(nb, device=idx.device) < num[..., None], idx, -1)
+    return idx.transpose(0, 1).contiguous(), num.transpose(0, 1).contiguous()
+
+
+def npu_rainfusion(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = NPU_BLOCK_SIZE,
                    stats: dict | None = None, **_):
-    if block_size != 128:
-        raise ValueError(f"npu_rainfusion: MindIE-SD supports block_size 128 only, got {block_size}")
+    if block_size != NPU_BLOCK_SIZE:
+        raise ValueError(f"npu_rainfusion: MindIE-SD supports block_size {NPU_BLOCK_SIZE} only, got {block_size}")
     scale = _scale(q, scale)
-    grid = [int(x) for x in layout.grid]
+    kernel = getattr(importlib.import_module(RF_KERNEL[0]), RF_KERNEL[1])
+    b, s, h, d = q.shape
+    out = torch.empty_like(q)
+    kept = total = 0
+    for i in range(b):
+        qp, kp, vp, plan = plan_and_permute(q[i:i + 1], k[i:i + 1], v[i:i + 1], layout.grid, layout.prefix_len,
+                                            sparsity, scale, block_size)
+        select_idx, select_num = mindie_block_tables(plan.block_mask[0])
+        o = kernel(qp.reshape(s, h, d), kp.reshape(s, h, d), vp.reshape(s, h, d), scale=scale, head_num=h,
+                   input_layout="TND", select_idx=select_idx, select_num_idx=select_num,
+                   blockshape=[block_size, block_size], actual_seq_lengths=[s], actual_seq_lengths_kv=[s])
+        out[i] = o.reshape(s, h, d).index_select(0, plan.order.inv_perm)
+        kept, total = kept + plan.kept_blocks, total + plan.block_mask.numel()
     if stats is not None:
-        stats.update(nominal_sparsity=float(sparsity), realized_sparsity=None)  # MindIE does not report it
-    return _mindiesd().sparse_attention(q, k, v, scale=scale, head_num=q.shape[2], input_layout="BSND",
-                                        sparse_type="rf_v2", txt_len=int(layout.prefix_len), block_size=128,
-                                        latent_shape_q=grid, latent_shape_k=grid, sparsity=float(sparsity))
+        stats.update(kept_blocks=kept, total_blocks=total, realized_sparsity=1.0 - kept / total,
+                     nominal_sparsity=float(sparsity))
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 import torch
@@ -94,8 +95,14 @@ def record_stats(stats: dict | None, plan: RFPlan) -> None:
 
 
 def keep_count(n_blocks: int, sparsity: float) -> int:
-    # round first: 1 - 0.8 is 0.19999999999999996 and must not lose a block to float noise
-    return max(1, min(n_blocks, math.ceil(round(n_blocks * (1.0 - sparsity), 6))))
+    """ceil(n_blocks * (1 - sparsity)) in exact decimal arithmetic, at least 1: the one rule of every device.
+
+    MindIE-SD computes it in binary floating point, where 10 * (1 - 0.7) is 3.0000000000000004 and keeps 4
+    of 10 blocks (nb a multiple of 10 at 0.7, of 20 at 0.85 or 0.95); we keep exactly 3, and the NPU path
+    runs this plan too (kernels/attention_npu.py), so every device selects the same blocks."""
+    # the sparsity as the decimal the user typed (6 places: a widget may send 0.7000000000000001)
+    keep = Fraction(n_blocks) * (1 - Fraction(str(round(float(sparsity), 6))))
+    return max(1, min(n_blocks, math.ceil(keep)))
 
 
 def pool_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -112,7 +119,12 @@ def pool_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def protected_blocks(order: TileOrder, seq_len: int, block_size: int, device=None) -> torch.Tensor:
-    """Blocks containing any first-frame or dense row (protected ranges widened to whole blocks)."""
+    """Blocks containing any first-frame or dense row (protected ranges widened to whole blocks).
+
+    A block that mixes tiled video rows and dense (prefix) rows is protected, so every prefix row attends
+    to all keys, also when the video rows are not a multiple of the block size. (MindIE-SD's own selection
+    protects only ceil(prefix / block) blocks from the end and so leaves the first prefix rows of a mixed
+    block sparse; its kernel runs our plan instead.)"""
     nb = -(-seq_len // block_size)
     prot = torch.zeros(nb, dtype=torch.bool, device=device)
     prot[: -(-order.first_frame // block_size)] = True

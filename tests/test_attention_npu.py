@@ -55,10 +55,36 @@ def mindiesd(monkeypatch):
         return rainfusion_reference(q, k, v, layout=AttnLayout(txt_len, tuple(latent_shape_q)), sparsity=sparsity,
                                     scale=scale, block_size=block_size)
 
+    def rain_fusion_attention(query, key, value, scale=None, head_num=None, input_layout="TND", select_idx=None,
+                              select_num_idx=None, blockshape=None, actual_seq_lengths=None,
+                              actual_seq_lengths_kv=None, inner_precise=0):
+        """MindIE's block-sparse kernel, computed on CPU from the block tables it is given (TND, one sequence)."""
+        calls.append(("rain_fusion", dict(shape=tuple(query.shape), scale=scale, head_num=head_num,
+                                          layout=input_layout, select_idx=select_idx, select_num_idx=select_num_idx,
+                                          blockshape=blockshape, seq=actual_seq_lengths, seq_kv=actual_seq_lengths_kv)))
+        s, bs = query.shape[0], blockshape[0]
+        nb = select_idx.shape[0]
+        allowed = torch.zeros(head_num, nb, nb, dtype=torch.bool)
+        for qb in range(nb):
+            for h in range(head_num):
+                kept = select_idx[qb, h, :select_num_idx[qb, h]]
+                assert (kept >= 0).all() and (select_idx[qb, h, select_num_idx[qb, h]:] == -1).all()
+                allowed[h, qb, kept] = True
+        blk = torch.arange(s) // bs
+        mask = allowed[:, blk[:, None], blk[None, :]]  # [H, S, S]
+        q, k, v = (x.transpose(0, 1) for x in (query, key, value))  # HSD
+        scores = (q @ k.transpose(-1, -2)) * scale
+        return (torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v).transpose(0, 1)
+
     mod.attention_forward_varlen = attention_forward_varlen
     mod.attention_forward = attention_forward
     mod.sparse_attention = sparse_attention
-    monkeypatch.setitem(sys.modules, "mindiesd", mod)
+    rf_v2 = types.ModuleType("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2")
+    rf_v2.rain_fusion_attention = rain_fusion_attention
+    for name, module in (("mindiesd", mod), ("mindiesd.layers", types.ModuleType("mindiesd.layers")),
+                         ("mindiesd.layers.flash_attn", types.ModuleType("mindiesd.layers.flash_attn")),
+                         ("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2", rf_v2)):
+        monkeypatch.setitem(sys.modules, name, module)
     return calls
 
 
@@ -80,10 +106,11 @@ def test_registry_picks_mindie_paths_on_npu(NPU, mindiesd, monkeypatch):
 
 
 def test_missing_mindiesd_ops_fall_back_and_say_why(NPU, mindiesd, monkeypatch):
-    monkeypatch.delattr(sys.modules["mindiesd"], "sparse_attention")
+    rf_v2 = "mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2"
+    monkeypatch.delattr(sys.modules[rf_v2], "rain_fusion_attention")
     res = resolve("attention", "npu_rainfusion", NPU)
-    assert res.name == "torch_block_sparse" and "mindiesd has no sparse_attention" in res.reason
-    assert "npu_rainfusion: unusable - mindiesd has no sparse_attention" in backend_report(NPU)
+    assert res.name == "torch_block_sparse" and f"{rf_v2} has no rain_fusion_attention" in res.reason
+    assert f"npu_rainfusion: unusable - {rf_v2} has no rain_fusion_attention" in backend_report(NPU)
     monkeypatch.setitem(sys.modules, "mindiesd", None)
     clear_cache()
     res = resolve("attention", "npu_fusion_varlen", NPU)
@@ -131,17 +158,34 @@ def test_contract_failure_rebuilds_mask_or_raises(NPU, mindiesd):
         attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30,)), platform=NPU)
 
 
-def test_rainfusion_calls_mindie_rf_v2(NPU, mindiesd):
-    grid, prefix = (2, 16, 32), 128  # 1024 video rows
-    q, k, v = qkv(s=prefix + math.prod(grid))
-    cfg = AttentionConfig("rainfusion", sparsity=0.7, min_video_blocks=4)
+@pytest.mark.parametrize("grid, prefix", [((2, 16, 32), 128), ((3, 8, 24), 200)])  # video rows 1024 / 576
+def test_rainfusion_runs_our_plan_on_the_mindie_kernel(NPU, mindiesd, grid, prefix):
+    """One plan for every device: the NPU path hands MindIE's rain_fusion_attention kernel the block tables of
+    kernels/rainfusion.py, so it selects what CPU/CUDA select, including the block that mixes video and prefix
+    rows when the video rows are not a multiple of 128 (480 here: block 3 holds video rows 384-479 and the
+    first 32 prefix rows)."""
+    from omnivideo.kernels.attention_npu import mindie_block_tables
+    from omnivideo.kernels.rainfusion import plan_and_permute
+
+    q, k, v = qkv(b=2, s=prefix + math.prod(grid), seed=3)
+    cfg = AttentionConfig("rainfusion", sparsity=0.7, min_video_blocks=2)
     stats = AttentionStats()
     out = attention(q, k, v, cfg, scale=0.2, layout=AttnLayout(prefix, grid), platform=NPU, stats=stats)
-    (kind, call), = mindiesd
-    assert kind == "sparse"
-    assert call == dict(shape=tuple(q.shape), scale=0.2, head_num=2, layout="BSND", sparse_type="rf_v2",
-                        txt_len=prefix, block_size=128, latent_q=[2, 16, 32], latent_k=[2, 16, 32], sparsity=0.7)
-    assert out.shape == q.shape and stats.impls["npu_rainfusion"] == 1 and stats.realized_sparsity is None
+    assert [kind for kind, _ in mindiesd] == ["rain_fusion", "rain_fusion"]  # one call per batch element
+    for i, (_, call) in enumerate(mindiesd):
+        *_, plan = plan_and_permute(q[i:i + 1], k[i:i + 1], v[i:i + 1], grid, prefix, 0.7, 0.2, 128)
+        select_idx, select_num = mindie_block_tables(plan.block_mask[0])
+        assert torch.equal(call["select_idx"], select_idx) and torch.equal(call["select_num_idx"], select_num)
+        assert call["layout"] == "TND" and call["blockshape"] == [128, 128] and call["seq"] == [q.shape[1]]
+        if math.prod(grid) % 128:  # the mixed block is protected: all its query rows attend every key block
+            mixed = math.prod(grid) // 128
+            assert plan.protected[mixed] and bool((select_num[mixed] == plan.n_blocks).all())
+    expected = rainfusion_reference(q, k, v, layout=AttnLayout(prefix, grid), sparsity=0.7, scale=0.2,
+                                    block_size=128)  # the CPU reference of the same plan
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(out[:, :prefix], attention(q, k, v, AttentionConfig("sdpa"), scale=0.2)[:, :prefix],
+                               atol=2e-6, rtol=1e-5)  # every prefix row is dense
+    assert stats.impls["npu_rainfusion"] == 1 and 0 < stats.realized_sparsity < 0.7
 
 
 def test_npu_block_size_must_be_128(NPU):

@@ -70,6 +70,20 @@ def test_irregular_grid_tail_becomes_dense_rows():
     assert prot.tolist() == [True] * 8 + [False] * 7 + [True]  # first frame 960 rows -> 8 blocks; tail from row 1920
 
 
+@pytest.mark.parametrize("sparsity", [0.7, 0.85, 0.95, 0.8, 0.5, 0.05])
+def test_keep_count_is_exact_at_the_boundaries(sparsity):
+    """ceil(nb * (1 - s)) in exact decimals for every nb: where binary floating point lands just above an
+    integer (nb a multiple of 10 at 0.7, of 20 at 0.85 and 0.95) no extra block is kept. Every device uses it."""
+    from fractions import Fraction
+
+    for nb in range(1, 801):
+        exact = -(-nb * (100 - round(sparsity * 100)) // 100)  # integer ceil of nb * (1 - s)
+        assert R.keep_count(nb, sparsity) == max(1, exact), (nb, sparsity)
+    assert R.keep_count(10, 0.7) == 3 and R.keep_count(20, 0.85) == 3 and R.keep_count(20, 0.95) == 1
+    assert R.keep_count(10, 0.05 * 14) == 3  # 0.7000000000000001, as a float widget may send it
+    assert Fraction(3) != 10 * (1 - 0.7)  # the float product the rule must not use
+
+
 def test_keep_count_and_pooling():
     assert R.keep_count(25, 0.8) == 5 and R.keep_count(10, 0.8) == 2 and R.keep_count(25, 0.0) == 25
     assert R.keep_count(4, 0.95) == 1
