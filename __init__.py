@@ -1,4 +1,8 @@
-"""OmniVideo: ComfyUI node pack (also importable as the `omnivideo` package)."""
+"""OmniVideo: ComfyUI node pack (also importable as the `omnivideo` package).
+
+Registered through the V3 entry point only: ComfyUI calls `comfy_entrypoint` and asks the extension for
+its node classes (there is deliberately no NODE_CLASS_MAPPINGS, which would send ComfyUI down the V1 path).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,6 @@ from .compat import ComfyExtension
 from .nodes import NODES
 
 __version__ = "0.1.0"
-
-
-_SCHEMAS = [(node, node.define_schema()) for node in NODES]  # once: loaders scan model folders
-NODE_CLASS_MAPPINGS = {schema.node_id: node for node, schema in _SCHEMAS}
-NODE_DISPLAY_NAME_MAPPINGS = {schema.node_id: schema.display_name for _, schema in _SCHEMAS}
 
 
 class OmniVideoExtension(ComfyExtension):
@@ -22,4 +21,4 @@ async def comfy_entrypoint() -> OmniVideoExtension:
     return OmniVideoExtension()
 
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "comfy_entrypoint"]
+__all__ = ["comfy_entrypoint"]

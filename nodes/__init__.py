@@ -18,3 +18,8 @@ NODES = [
     *OMNIDREAMS_NODES,
     *H3_NODES,
 ]
+
+
+def node_classes() -> dict[str, type]:
+    """node_id -> class, as ComfyUI registers them through `comfy_entrypoint`."""
+    return {node.define_schema().node_id: node for node in NODES}

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnivideo import NODE_CLASS_MAPPINGS
+from omnivideo.nodes import node_classes
 from omnivideo.kernels.attention_layout import AttnLayout
 from omnivideo.kernels.attention_torch import rainfusion_reference
 from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
@@ -46,9 +46,9 @@ def test_selector_schema_validation_and_output():
 
 def test_nodes_are_registered_when_the_lead_lists_them():
     for node_id in ("OmniVideoAttention", "OmniVideoPatchModelAttention"):
-        if node_id not in NODE_CLASS_MAPPINGS:
+        if node_id not in node_classes():
             pytest.skip(f"{node_id} not yet in nodes/__init__.py NODES")
-    assert NODE_CLASS_MAPPINGS["OmniVideoPatchModelAttention"] is OmniVideoPatchModelAttention
+    assert node_classes()["OmniVideoPatchModelAttention"] is OmniVideoPatchModelAttention
 
 
 class FakeModelPatcher:

@@ -4,9 +4,12 @@ import inspect
 
 import pytest
 
-from omnivideo import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+import asyncio
 
-NODES = sorted(NODE_CLASS_MAPPINGS.items())
+import omnivideo
+from omnivideo.nodes import node_classes
+
+NODES = sorted(node_classes().items())
 
 
 @pytest.mark.parametrize("node_id, node", NODES, ids=[n for n, _ in NODES])
@@ -23,7 +26,7 @@ def test_validate_inputs_accepts_linked_inputs(node_id, node):
 def test_schema_is_namespaced_and_documented(node_id, node):
     schema = node.define_schema()
     assert schema.category.startswith("OmniVideo/")
-    assert NODE_DISPLAY_NAME_MAPPINGS[node_id] and schema.description
+    assert schema.display_name and schema.description
     assert len({i.id for i in schema.inputs}) == len(schema.inputs)
 
 
@@ -43,9 +46,16 @@ def test_validate_inputs_keeps_comfyuis_own_checks(node_id, node):
 
 
 def test_attention_node_checks_values_when_known():
-    node = NODE_CLASS_MAPPINGS["OmniVideoAttention"]
+    node = node_classes()["OmniVideoAttention"]
     assert "skip_layers" in node.validate_inputs(skip_layers="0-30000000")
     with pytest.raises(ValueError, match="sparsity"):
         node.execute(backend="rainfusion", sparsity=1.5, start_step=0, skip_layers="", block_size=128)
     with pytest.raises(ValueError, match="skip_layers|malformed|layer"):
         node.execute(backend="rainfusion", sparsity=0.8, start_step=0, skip_layers="0-x", block_size=128)
+
+
+def test_registration_is_v3_only():
+    """ComfyUI takes the V1 path whenever a pack exports NODE_CLASS_MAPPINGS; ours goes through comfy_entrypoint."""
+    assert not hasattr(omnivideo, "NODE_CLASS_MAPPINGS") and not hasattr(omnivideo, "NODE_DISPLAY_NAME_MAPPINGS")
+    listed = asyncio.run(asyncio.run(omnivideo.comfy_entrypoint()).get_node_list())
+    assert {n.define_schema().node_id for n in listed} == set(node_classes()) and len(listed) == len(node_classes())

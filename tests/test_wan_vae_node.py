@@ -4,10 +4,10 @@ import pytest
 import torch
 from wan_vae_fixtures import CONFIGS, FakeComfyVAE, StateDictModule, tiny_latent, tiny_wan_vae, to_original_names
 
-from omnivideo import NODE_CLASS_MAPPINGS
+from omnivideo.nodes import node_classes
 from omnivideo.models.wan_vae_convert import CACHE_ATTR
 
-Decode = NODE_CLASS_MAPPINGS["OmniVideoWanVAEDecode"]
+Decode = node_classes()["OmniVideoWanVAEDecode"]
 
 
 def _comfy_vae(version):

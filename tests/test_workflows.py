@@ -153,14 +153,9 @@ def signature_from_schema(schema) -> Sig:
 
 
 def our_signatures() -> dict[str, Sig]:
-    import omnivideo
+    from omnivideo.nodes import node_classes
 
-    sigs = {}
-    for node_id, cls in omnivideo.NODE_CLASS_MAPPINGS.items():
-        schema = cls.define_schema()
-        assert schema.node_id == node_id, f"{cls.__name__}: NODE_CLASS_MAPPINGS key {node_id} != {schema.node_id}"
-        sigs[node_id] = signature_from_schema(schema)
-    return sigs
+    return {node_id: signature_from_schema(cls.define_schema()) for node_id, cls in node_classes().items()}
 
 
 def all_signatures() -> dict[str, Sig]:
