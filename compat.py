@@ -27,8 +27,7 @@ class _FallbackIO:
     without ComfyUI (pytest, scripts). Inside ComfyUI the real module is used."""
 
     class Schema:
-        def __init__(self, node_id, display_name=None, category="", inputs=(), outputs=(), description="",
-                     **flags):
+        def __init__(self, node_id, display_name=None, category="", inputs=(), outputs=(), description="", **flags):
             self.node_id, self.display_name, self.category = node_id, display_name, category
             self.inputs, self.outputs, self.description = list(inputs), list(outputs), description
             self.flags = flags
@@ -76,9 +75,18 @@ class _FallbackIO:
         return _Type
 
 
-for _name, _io_type in [("Vae", "VAE"), ("Latent", "LATENT"), ("Image", "IMAGE"), ("Audio", "AUDIO"),
-                        ("Model", "MODEL"), ("Int", "INT"), ("Float", "FLOAT"), ("String", "STRING"),
-                        ("Boolean", "BOOLEAN"), ("Combo", "COMBO")]:
+for _name, _io_type in [
+    ("Vae", "VAE"),
+    ("Latent", "LATENT"),
+    ("Image", "IMAGE"),
+    ("Audio", "AUDIO"),
+    ("Model", "MODEL"),
+    ("Int", "INT"),
+    ("Float", "FLOAT"),
+    ("String", "STRING"),
+    ("Boolean", "BOOLEAN"),
+    ("Combo", "COMBO"),
+]:
     setattr(_FallbackIO, _name, _FallbackIO.Custom(_io_type))
 
 try:  # the V3 node API

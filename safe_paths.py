@@ -74,9 +74,11 @@ def _parts(name: str) -> list[str]:
 
 def _refuse(what: str, kind: str, name, why: str) -> PathRefused:
     shown = repr(name) if not isinstance(name, str) or len(name) <= 120 else repr(name[:117] + "...")
-    return PathRefused(f"{what} {shown} was refused: {why}. Names are relative to ComfyUI's models/{kind} folder; "
-                       f"pick an entry from the list (put the file under models/{kind}/ or a folder listed in "
-                       f"extra_model_paths.yaml, then refresh the page).")
+    return PathRefused(
+        f"{what} {shown} was refused: {why}. Names are relative to ComfyUI's models/{kind} folder; "
+        f"pick an entry from the list (put the file under models/{kind}/ or a folder listed in "
+        f"extra_model_paths.yaml, then refresh the page)."
+    )
 
 
 def _checked_parts(what: str, kind: str, name) -> list[str]:
@@ -86,8 +88,9 @@ def _checked_parts(what: str, kind: str, name) -> list[str]:
     return _parts(name)
 
 
-def resolve_model_file(kind: str, name: str, exts: tuple[str, ...], accept: Accept | None = None,
-                       what: str = "file") -> str:
+def resolve_model_file(
+    kind: str, name: str, exts: tuple[str, ...], accept: Accept | None = None, what: str = "file"
+) -> str:
     """The path of file `name` in ComfyUI's folder `kind` (first root that has it, as core searches)."""
     parts = _checked_parts(what, kind, name)
     if not parts[-1].lower().endswith(exts):
@@ -187,14 +190,17 @@ def _run_check(accept: Accept, path: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 # writes
 
+
 def output_file_path(name: str, ext: str, what: str = "save_as") -> tuple[str, str]:
     """(folder, file name) under ComfyUI's output folder for `name` (+ `ext` if missing), checked without
     writing anything: call it before heavy work so a bad name fails first."""
     name = name.strip() if isinstance(name, str) else name
     problem = name_problem(name)
     if problem is not None:
-        raise PathRefused(f"{what} {name!r} was refused: {problem}. Give a file name relative to ComfyUI's output "
-                          f"folder, e.g. my_prompt{ext} or prompts/my_prompt{ext}.")
+        raise PathRefused(
+            f"{what} {name!r} was refused: {problem}. Give a file name relative to ComfyUI's output "
+            f"folder, e.g. my_prompt{ext} or prompts/my_prompt{ext}."
+        )
     parts = _parts(name)
     if not parts[-1].endswith(ext):
         parts[-1] += ext
@@ -203,8 +209,10 @@ def output_file_path(name: str, ext: str, what: str = "save_as") -> tuple[str, s
     root = os.path.realpath(compat.output_directory())
     folder = os.path.realpath(os.path.join(root, *parts[:-1]))
     if os.path.commonpath([root, folder]) != root:
-        raise PathRefused(f"{what} {name!r} was refused: it leads outside ComfyUI's output folder (through a "
-                          f"symbolic link). Give a plain file name such as my_prompt{ext}.")
+        raise PathRefused(
+            f"{what} {name!r} was refused: it leads outside ComfyUI's output folder (through a "
+            f"symbolic link). Give a plain file name such as my_prompt{ext}."
+        )
     return folder, parts[-1]
 
 
@@ -216,7 +224,7 @@ def write_output_file(name: str, ext: str, write: Callable[[str], object], what:
     atomically, so two runs never pick the same name)."""
     folder, file = output_file_path(name, ext, what)
     os.makedirs(folder, exist_ok=True)
-    target = _reserve(folder, file[:-len(ext)], ext, what, name)
+    target = _reserve(folder, file[: -len(ext)], ext, what, name)
     fd, tmp = tempfile.mkstemp(prefix=".omnivideo-", suffix=ext, dir=folder)
     os.close(fd)
     try:

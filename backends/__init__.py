@@ -6,6 +6,16 @@ from .registry import Impl, Resolution, implementations, ops, register, resolve
 from .report import backend_report
 
 __all__ = [
-    "DTYPE_CHOICES", "PLATFORM", "Platform", "detect", "resolve_dtype", "Impl", "Resolution", "implementations", "ops", "register",
-    "resolve", "backend_report",
+    "DTYPE_CHOICES",
+    "PLATFORM",
+    "Platform",
+    "detect",
+    "resolve_dtype",
+    "Impl",
+    "Resolution",
+    "implementations",
+    "ops",
+    "register",
+    "resolve",
+    "backend_report",
 ]

@@ -73,7 +73,7 @@ def detect() -> Platform:
 PLATFORM = detect()
 
 
-def resolve_dtype(choice: "str | torch.dtype", device: torch.device | None = None) -> torch.dtype:
+def resolve_dtype(choice: str | torch.dtype, device: torch.device | None = None) -> torch.dtype:
     """A loader's dtype choice. 'auto' = bf16 (the released precision) on accelerators, fp32 on
     CPU, where bf16 matmuls are slow."""
     if isinstance(choice, torch.dtype):

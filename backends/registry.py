@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .platform import PLATFORM, Platform
 
@@ -97,8 +98,9 @@ def implementations(op: str) -> dict[str, Impl]:
     return dict(_OPS[op].impls)
 
 
-def resolve(op: str, requested: str = "auto", platform: Platform | None = None, *,
-            exact: bool | None = True) -> Resolution:
+def resolve(
+    op: str, requested: str = "auto", platform: Platform | None = None, *, exact: bool | None = True
+) -> Resolution:
     """The implementation of `op` to run, with a one-line reason (logged once per answer).
 
     `exact` filters what "auto" may pick: True (default) only exact implementations, False
@@ -124,8 +126,9 @@ def _resolve(op: str, requested: str, platform: Platform, exact: bool | None) ->
                 continue
             why_not = impls[name].unusable_reason(platform)
             if why_not is None:
-                return _logged_once(Resolution(impls[name], requested,
-                                               f"auto: fastest usable {kind}on {platform.name}"))
+                return _logged_once(
+                    Resolution(impls[name], requested, f"auto: fastest usable {kind}on {platform.name}")
+                )
         raise RuntimeError(f"no usable {kind}implementation of {op} on {platform.name}")
     if requested not in impls:
         raise ValueError(f"unknown {op} implementation {requested!r}; choose from auto, {', '.join(impls)}")

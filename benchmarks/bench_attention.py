@@ -81,8 +81,10 @@ def bench_size(target, args, device, dtype):
     q, k, v = make_inputs(grid, prefix, heads, args.dim, dtype, device, args.random)
     s = q.shape[1]
     layout = AttnLayout(prefix, grid)
-    print(f"\n== S = {s} rows ([prefix {prefix} | video {t}x{h}x{w}]), B=1 H={heads} D={args.dim} {args.dtype}, "
-          f"block 128, median of {repeats}; 'x dense' = median ratio to a dense call timed just before ==")
+    print(
+        f"\n== S = {s} rows ([prefix {prefix} | video {t}x{h}x{w}]), B=1 H={heads} D={args.dim} {args.dtype}, "
+        f"block 128, median of {repeats}; 'x dense' = median ratio to a dense call timed just before =="
+    )
     dense_fn = lambda: sdpa(q, k, v)  # noqa: E731
     with torch.no_grad():
         t_dense, _, dense = paired(dense_fn, dense_fn, repeats, device)
@@ -105,12 +107,17 @@ def bench_size(target, args, device, dtype):
             stats = {}
             with torch.no_grad():
                 sec, ratio, out = paired(
-                    dense_fn, lambda: fn(q, k, v, layout=layout, sparsity=sparsity, block_size=128, stats=stats),
-                    n, device)
+                    dense_fn,
+                    lambda: fn(q, k, v, layout=layout, sparsity=sparsity, block_size=128, stats=stats),
+                    n,
+                    device,
+                )
             err = rel_err(out, dense)
             rows.append((name, sparsity, ratio))
-            print(f"{name:<22}{sparsity:>9.2f}{sec:>10.3f}{ratio:>9.2f}{stats['realized_sparsity']:>10.3f}"
-                  f"{err:>10.1e}", flush=True)
+            print(
+                f"{name:<22}{sparsity:>9.2f}{sec:>10.3f}{ratio:>9.2f}{stats['realized_sparsity']:>10.3f}{err:>10.1e}",
+                flush=True,
+            )
     return s, t_dense, rows
 
 

@@ -1,6 +1,7 @@
 """MiniMax-H3 sampler: time per step and peak memory for sdpa vs flash_varlen vs RainFusion (0.8).
 
-Random weights, no downloads. Time per step = the fastest forward+Euler step after a warm-up one. Each (config, backend) runs in a fresh process so the peak memory is its own.
+Random weights, no downloads. Time per step = the fastest forward+Euler step after a warm-up one. Each
+(config, backend) runs in a fresh process so the peak memory is its own.
 On CPU the peak is the process RSS high-water mark; on CUDA, torch.cuda.max_memory_allocated.
 
     python benchmarks/bench_h3.py                 # tiny + mid (CPU-sized)
@@ -17,13 +18,42 @@ import time
 CONFIGS = {
     # name: (transformer overrides, width, height, frames)
     "tiny": (dict(), 96, 64, 124),
-    "mid": (dict(num_attention_heads=4, attention_head_dim=64, hidden_size=256, num_layers=2, ffn_dim=512,
-                 time_embed_hidden_dim=64, time_embed_dim=32, rope_freq_dim=8), 512, 512, 124),
-    "large": (dict(num_attention_heads=16, attention_head_dim=128, hidden_size=2048, num_layers=10, ffn_dim=5632,
-                   time_embed_hidden_dim=256, time_embed_dim=128, rope_freq_dim=16), 1344, 768, 124),
+    "mid": (
+        dict(
+            num_attention_heads=4,
+            attention_head_dim=64,
+            hidden_size=256,
+            num_layers=2,
+            ffn_dim=512,
+            time_embed_hidden_dim=64,
+            time_embed_dim=32,
+            rope_freq_dim=8,
+        ),
+        512,
+        512,
+        124,
+    ),
+    "large": (
+        dict(
+            num_attention_heads=16,
+            attention_head_dim=128,
+            hidden_size=2048,
+            num_layers=10,
+            ffn_dim=5632,
+            time_embed_hidden_dim=256,
+            time_embed_dim=128,
+            rope_freq_dim=16,
+        ),
+        1344,
+        768,
+        124,
+    ),
 }
-BACKENDS = {"sdpa": dict(backend="sdpa"), "flash_varlen": dict(backend="flash_varlen"),
-            "rainfusion(0.8)": dict(backend="rainfusion", sparsity=0.8)}
+BACKENDS = {
+    "sdpa": dict(backend="sdpa"),
+    "flash_varlen": dict(backend="flash_varlen"),
+    "rainfusion(0.8)": dict(backend="rainfusion", sparsity=0.8),
+}
 
 
 def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[float, float, str, str]:
@@ -53,8 +83,9 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
         if any(k in name.split(".") for k in transformer._keep_in_fp32_modules):
             p.data = p.data.float()
     extras = {"geometry": geometry_of(transformer, vae, audio_vae), "latent_norm": latent_norm_of(vae, audio_vae)}
-    model = OmniVideoModel("h3", transformer, dtype, device, attention=AttentionConfig(**BACKENDS[backend]),
-                           extras=extras)
+    model = OmniVideoModel(
+        "h3", transformer, dtype, device, attention=AttentionConfig(**BACKENDS[backend]), extras=extras
+    )
     emb = torch.randn(1, 64, TRANSFORMER["text_dim"])
     cond = OmniVideoConditioning("h3", emb, {"text_token_tags": torch.ones(64, dtype=torch.long)})
     stamps = []
@@ -88,8 +119,13 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     from omnivideo.pipelines.h3.geometry import resolve_shape
+
     shape = resolve_shape(frames, width, height, extras["geometry"])
-    seq = 64 + 2 * shape.num_audio_latents + shape.num_latent_frames * (shape.latent_height // 2) * (shape.latent_width // 2)
+    seq = (
+        64
+        + 2 * shape.num_audio_latents
+        + shape.num_latent_frames * (shape.latent_height // 2) * (shape.latent_width // 2)
+    )
     realized = next((m.group(1) for r in records if (m := re.search(r"realized ([0-9.]+|n/a)", r))), "-")
     return per_step, peak, f"{device.type}, seq {seq}", realized
 

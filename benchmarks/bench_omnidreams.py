@@ -22,10 +22,26 @@ import sys
 import time
 
 CONFIGS = {  # name -> (config kwargs, default pixel height, width)
-    "tiny": (dict(model_channels=64, num_blocks=2, num_heads=2, mlp_hidden=256, adaln_lora_dim=16,
-                  text_in_dim=96, text_dim=32), 64, 96),
-    "mid": (dict(model_channels=512, num_blocks=8, num_heads=4, mlp_hidden=2048, adaln_lora_dim=64,
-                 text_in_dim=1024, text_dim=256), 128, 224),
+    "tiny": (
+        dict(
+            model_channels=64, num_blocks=2, num_heads=2, mlp_hidden=256, adaln_lora_dim=16, text_in_dim=96, text_dim=32
+        ),
+        64,
+        96,
+    ),
+    "mid": (
+        dict(
+            model_channels=512,
+            num_blocks=8,
+            num_heads=4,
+            mlp_hidden=2048,
+            adaln_lora_dim=64,
+            text_in_dim=1024,
+            text_dim=256,
+        ),
+        128,
+        224,
+    ),
     "2b": ({}, 704, 1280),
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -93,8 +109,14 @@ def run_config(args) -> dict:
     # min over runs: on a shared CPU, interference only ever adds time
     chunk_ms = [1000 * min(r[0][k] for r in runs) for k in range(args.chunks)]
     context_ms = [1000 * min(r[1][k] for r in runs) for k in range(args.chunks)]
-    result = {"config": args.config, "latent": [h, w], "tokens_per_chunk": 2 * (h // 2) * (w // 2),
-              "chunk_ms": chunk_ms, "context_ms": context_ms, "kv_cache_mb": cache_bytes["kv"] / 2**20}
+    result = {
+        "config": args.config,
+        "latent": [h, w],
+        "tokens_per_chunk": 2 * (h // 2) * (w // 2),
+        "chunk_ms": chunk_ms,
+        "context_ms": context_ms,
+        "kv_cache_mb": cache_bytes["kv"] / 2**20,
+    }
     if device.type == "cuda":
         result["peak_mb"] = (torch.cuda.max_memory_allocated(device) - base_alloc) / 2**20
     else:
@@ -121,8 +143,7 @@ def run_config(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=list(CONFIGS), action="append",
-                        help="repeatable; default: tiny and mid")
+    parser.add_argument("--config", choices=list(CONFIGS), action="append", help="repeatable; default: tiny and mid")
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--height", type=int, help="pixel height (default per config)")
     parser.add_argument("--width", type=int)
@@ -136,6 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.device is None:
         import torch
+
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     if args.child:
@@ -145,8 +167,23 @@ def main() -> None:
 
     results = []
     for name in args.config or ["tiny", "mid"]:
-        cmd = [sys.executable, __file__, "--child", "--config", name, "--chunks", str(args.chunks), "--dtype",
-               args.dtype, "--device", args.device, "--runs", str(args.runs), "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--config",
+            name,
+            "--chunks",
+            str(args.chunks),
+            "--dtype",
+            args.dtype,
+            "--device",
+            args.device,
+            "--runs",
+            str(args.runs),
+            "--threads",
+            str(args.threads),
+        ]
         cmd += ["--height", str(args.height)] if args.height else []
         cmd += ["--width", str(args.width)] if args.width else []
         cmd += [] if args.baseline else ["--no-baseline"]
@@ -156,10 +193,14 @@ def main() -> None:
             raise SystemExit(f"{name} failed")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
-        print(f"\n== {name}: latent {r['latent'][0]}x{r['latent'][1]}, {r['tokens_per_chunk']} tokens/chunk, "
-              f"{args.dtype} on {args.device}; KV cache {r['kv_cache_mb']:.1f} MB, peak +{r['peak_mb']:.0f} MB")
-        print(f"{'chunk':>5} {'cached ms':>10} {'context %':>10}" + (f" {'recompute ms':>13} {'ratio':>6}"
-                                                                      if "recompute_ms" in r else ""))
+        print(
+            f"\n== {name}: latent {r['latent'][0]}x{r['latent'][1]}, {r['tokens_per_chunk']} tokens/chunk, "
+            f"{args.dtype} on {args.device}; KV cache {r['kv_cache_mb']:.1f} MB, peak +{r['peak_mb']:.0f} MB"
+        )
+        print(
+            f"{'chunk':>5} {'cached ms':>10} {'context %':>10}"
+            + (f" {'recompute ms':>13} {'ratio':>6}" if "recompute_ms" in r else "")
+        )
         for k, ms in enumerate(r["chunk_ms"]):
             line = f"{k:>5} {ms:>10.1f} {100 * r['context_ms'][k] / ms:>9.1f}%"
             if "recompute_ms" in r:

@@ -42,15 +42,25 @@ def run_variant(args) -> dict:
     vae = AutoencoderKLWan(**(WAN22_CONFIG if args.version == "2.2" else WAN21_CONFIG)).eval().to(device, dtype)
     factor = vae.config.scale_factor_spatial
     latent_frames = (args.frames - 1) // 4 + 1
-    z = torch.randn(1, vae.config.z_dim, latent_frames, args.height // factor, args.width // factor,
-                    generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    z = torch.randn(
+        1,
+        vae.config.z_dim,
+        latent_frames,
+        args.height // factor,
+        args.width // factor,
+        generator=torch.Generator().manual_seed(1),
+    ).to(device, dtype)
 
     if args.variant == "diffusers":
+
         def decode():
             with torch.no_grad():
                 return vae.decode(z).sample
     else:
-        if select_fusion(vae, {"torch_fused": "torch", "reference": "off"}.get(args.variant, args.variant)) != args.variant:
+        if (
+            select_fusion(vae, {"torch_fused": "torch", "reference": "off"}.get(args.variant, args.variant))
+            != args.variant
+        ):
             return {"variant": args.variant, "skipped": "not usable on this machine"}
 
         def decode():
@@ -117,8 +127,10 @@ def main():
 
     import tempfile
 
-    print(f"Wan {args.version} VAE, {args.frames} frames {args.height}x{args.width}, {args.dtype}, "
-          f"{args.device}, median of {args.runs}")
+    print(
+        f"Wan {args.version} VAE, {args.frames} frames {args.height}x{args.width}, {args.dtype}, "
+        f"{args.device}, median of {args.runs}"
+    )
     results, outputs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in VARIANTS:
@@ -141,8 +153,10 @@ def main():
             print(f"{variant:<12} skipped: {r['skipped']}")
             continue
         exact = torch.equal(outputs[variant], outputs["diffusers"])
-        print(f"{variant:<12} {r['median_s']:>9.3f} {r['peak_bytes'] / 2**20:>9.1f} "
-              f"{r['median_s'] / ref['median_s']:>15.3f} {r['peak_bytes'] / max(ref['peak_bytes'], 1):>14.3f}  {exact}")
+        print(
+            f"{variant:<12} {r['median_s']:>9.3f} {r['peak_bytes'] / 2**20:>9.1f} "
+            f"{r['median_s'] / ref['median_s']:>15.3f} {r['peak_bytes'] / max(ref['peak_bytes'], 1):>14.3f}  {exact}"
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ def _flex():
     return fa
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiled():
     return torch.compile(_flex().flex_attention, dynamic=False)
 
@@ -65,14 +65,24 @@ def block_mask_from_plan(plan, device, rows: torch.Tensor | None = None):
     idx = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # kept blocks first
     lengths = (mask.shape[2] * bs, plan.seq_len)
     if device.type == "cuda":
-        return fa.BlockMask.from_kv_blocks(torch.zeros_like(num), idx, num, idx, BLOCK_SIZE=bs, mask_mod=mask_mod,
-                                           seq_lengths=lengths, compute_q_blocks=False)
-    return fa.BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=lengths,
-                                       compute_q_blocks=False)  # q-block tables only serve the backward pass
+        return fa.BlockMask.from_kv_blocks(
+            torch.zeros_like(num),
+            idx,
+            num,
+            idx,
+            BLOCK_SIZE=bs,
+            mask_mod=mask_mod,
+            seq_lengths=lengths,
+            compute_q_blocks=False,
+        )
+    return fa.BlockMask.from_kv_blocks(
+        num, idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=lengths, compute_q_blocks=False
+    )  # q-block tables only serve the backward pass
 
 
-def flex_block_sparse(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
-                      stats: dict | None = None, **_):
+def flex_block_sparse(
+    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None, **_
+):
     """Protected query rows (first frame, dense rows) run dense SDPA in the original order - exact, and
     the dense kernel is faster per row; the other query blocks run flex over their kept key blocks."""
     b, s, h, d = q.shape
@@ -84,7 +94,8 @@ def flex_block_sparse(q, k, v, *, layout: AttnLayout, sparsity: float, scale=Non
     dense_rows = perm[protected_positions(plan)]
     if dense_rows.numel():
         out[:, dense_rows] = F.scaled_dot_product_attention(
-            q[:, dense_rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale).transpose(1, 2)
+            q[:, dense_rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale
+        ).transpose(1, 2)
     free = (~plan.protected).nonzero().squeeze(1)
     if free.numel() == 0:
         return out

@@ -43,8 +43,11 @@ def _warn_once(key: str, msg: str) -> None:
 
 def _masked_fallback(q, k, v, scale, layout: AttnLayout):
     """Packed contract failed: attend with an O(B*S) key-padding mask rebuilt from kv_lengths."""
-    _warn_once("contract", "packed varlen contract failed (batch > 1 or bad lengths); using a key-padding "
-                           "mask rebuilt from valid_kv_length")
+    _warn_once(
+        "contract",
+        "packed varlen contract failed (batch > 1 or bad lengths); using a key-padding "
+        "mask rebuilt from valid_kv_length",
+    )
     from .attention_torch import _sdpa
 
     return _sdpa(q, k, v, scale, key_padding_mask(layout, q.shape[0], q.shape[1], q.device))
@@ -66,8 +69,9 @@ def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, 
     if used is None and layout is not None and layout.kv_lengths is not None:
         key_padding_mask(layout, b, s, q.device)  # validates (raises on unusable lengths)
     cu = [0, used, s] if used is not None else list(range(0, (b + 1) * s, s))
-    out = _mindiesd().attention_forward_varlen(q.reshape(b * s, h, d), k.reshape(b * s, h, d),
-                                               v.reshape(b * s, h, d), cu, cu, softmax_scale=scale)
+    out = _mindiesd().attention_forward_varlen(
+        q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d), cu, cu, softmax_scale=scale
+    )
     return out.view(b, s, h, d)
 
 
@@ -80,8 +84,9 @@ def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
     n = used if used is not None else s
     c = LASER_PRESCALE
     qs, ks, vs = ((x[:, :n] / c).transpose(1, 2) for x in (q, k, v))  # BNSD
-    out = _mindiesd().attention_forward(qs, ks, vs, scale=scale * c * c, opt_mode="manual",
-                                        op_type="fused_attn_score", layout="BNSD", head_first=True)
+    out = _mindiesd().attention_forward(
+        qs, ks, vs, scale=scale * c * c, opt_mode="manual", op_type="fused_attn_score", layout="BNSD", head_first=True
+    )
     out = out.transpose(1, 2) * c
     if n == s:
         return out
@@ -103,8 +108,18 @@ def mindie_block_tables(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return idx.transpose(0, 1).contiguous(), num.transpose(0, 1).contiguous()
 
 
-def npu_rainfusion(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = NPU_BLOCK_SIZE,
-                   stats: dict | None = None, **_):
+def npu_rainfusion(
+    q,
+    k,
+    v,
+    *,
+    layout: AttnLayout,
+    sparsity: float,
+    scale=None,
+    block_size: int = NPU_BLOCK_SIZE,
+    stats: dict | None = None,
+    **_,
+):
     if block_size != NPU_BLOCK_SIZE:
         raise ValueError(f"npu_rainfusion: MindIE-SD supports block_size {NPU_BLOCK_SIZE} only, got {block_size}")
     scale = _scale(q, scale)
@@ -113,15 +128,27 @@ def npu_rainfusion(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, 
     out = torch.empty_like(q)
     kept = total = 0
     for i in range(b):
-        qp, kp, vp, plan = plan_and_permute(q[i:i + 1], k[i:i + 1], v[i:i + 1], layout.grid, layout.prefix_len,
-                                            sparsity, scale, block_size)
+        qp, kp, vp, plan = plan_and_permute(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], layout.grid, layout.prefix_len, sparsity, scale, block_size
+        )
         select_idx, select_num = mindie_block_tables(plan.block_mask[0])
-        o = kernel(qp.reshape(s, h, d), kp.reshape(s, h, d), vp.reshape(s, h, d), scale=scale, head_num=h,
-                   input_layout="TND", select_idx=select_idx, select_num_idx=select_num,
-                   blockshape=[block_size, block_size], actual_seq_lengths=[s], actual_seq_lengths_kv=[s])
+        o = kernel(
+            qp.reshape(s, h, d),
+            kp.reshape(s, h, d),
+            vp.reshape(s, h, d),
+            scale=scale,
+            head_num=h,
+            input_layout="TND",
+            select_idx=select_idx,
+            select_num_idx=select_num,
+            blockshape=[block_size, block_size],
+            actual_seq_lengths=[s],
+            actual_seq_lengths_kv=[s],
+        )
         out[i] = o.reshape(s, h, d).index_select(0, plan.order.inv_perm)
         kept, total = kept + plan.kept_blocks, total + plan.block_mask.numel()
     if stats is not None:
-        stats.update(kept_blocks=kept, total_blocks=total, realized_sparsity=1.0 - kept / total,
-                     nominal_sparsity=float(sparsity))
+        stats.update(
+            kept_blocks=kept, total_blocks=total, realized_sparsity=1.0 - kept / total, nominal_sparsity=float(sparsity)
+        )
     return out

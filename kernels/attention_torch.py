@@ -19,8 +19,9 @@ from .rainfusion import plan_and_permute, protected_positions, record_stats, tok
 
 def _sdpa(q, k, v, scale, attn_mask=None):
     """SDPA on [B, S, H, D] tensors (transposed views: SDPA wants [B, H, S, D])."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=attn_mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, scale=scale
+    )
     return out.transpose(1, 2)
 
 
@@ -67,8 +68,9 @@ def _sdpa_pinned(q, k, v, scale):
     if q.is_cuda:
         from torch.nn.attention import SDPBackend
 
-        with _prefer([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH]):
+        with _prefer(
+            [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        ):
             return _sdpa(q, k, v, scale)
     return _sdpa(q, k, v, scale)
 
@@ -87,16 +89,16 @@ def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
         else:
             cu, max_len = [0, used, s], used  # [real | pad]: padding is its own (ignored) sequence
         cu_t = torch.tensor(cu, dtype=torch.int32, device=q.device)
-        out = fa(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_t, cu_t, max_len, max_len,
-                 softmax_scale=scale)
+        out = fa(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_t, cu_t, max_len, max_len, softmax_scale=scale)
         return out.view(b, s, h, d)
     if used is not None:
         return _sliced(q, k, v, used, lambda q_, k_, v_: _sdpa_pinned(q_, k_, v_, scale))
     return _sdpa_pinned(q, k, v, scale)
 
 
-def rainfusion_reference(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
-                         stats: dict | None = None, **_):
+def rainfusion_reference(
+    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None, **_
+):
     """Reference: rf_v2 block mask expanded to a boolean [S, S] mask, then SDPA (tests, small inputs)."""
     scale = _scale(q, scale)
     _, _, _, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
@@ -105,8 +107,19 @@ def rainfusion_reference(q, k, v, *, layout: AttnLayout, sparsity: float, scale=
     return _sdpa(q, k, v, scale, token_mask(plan))
 
 
-def block_sparse_gather(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
-                        stats: dict | None = None, chunk_bytes: int = 1 << 28, **_):
+def block_sparse_gather(
+    q,
+    k,
+    v,
+    *,
+    layout: AttnLayout,
+    sparsity: float,
+    scale=None,
+    block_size: int = 128,
+    stats: dict | None = None,
+    chunk_bytes: int = 1 << 28,
+    **_,
+):
     """rf_v2 executed by gathering each query block's kept K/V blocks and running SDPA on them.
 
     Runs anywhere torch runs. Protected query rows attend to every key in the original order
@@ -152,8 +165,7 @@ def block_sparse_gather(q, k, v, *, layout: AttnLayout, sparsity: float, scale=N
         vg = vb[bi, hi, ii].reshape(b * h * n, max_k * bs, d)
         qq = qb[:, :, sparse_blocks[sl]].reshape(b * h * n, bs, d)
         mask = key_ok[:, :, sl].reshape(b * h * n, 1, max_k * bs) if need_mask else None
-        out_p[:, :, sl] = F.scaled_dot_product_attention(qq, kg, vg, attn_mask=mask, scale=scale).view(
-            b, h, n, bs, d)
+        out_p[:, :, sl] = F.scaled_dot_product_attention(qq, kg, vg, attn_mask=mask, scale=scale).view(b, h, n, bs, d)
     pos = (sparse_blocks[:, None] * bs + torch.arange(bs, device=q.device)).reshape(-1)
     keep = pos < s
     out[:, perm[pos[keep]]] = out_p.reshape(b, h, -1, d).transpose(1, 2)[:, keep]

@@ -16,8 +16,20 @@ from .rainfusion import plan_and_permute, record_stats
 
 
 @triton.jit
-def _block_sparse_fwd(Q, K, V, O, KV_NUM, KV_IDX, qk_scale, seq_len, n_blocks,
-                      HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
+def _block_sparse_fwd(
+    Q,
+    K,
+    V,
+    O,  # noqa: E741 - Q, K, V, O: the pointers as the attention papers name them
+    KV_NUM,
+    KV_IDX,
+    qk_scale,
+    seq_len,
+    n_blocks,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     q_block = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * seq_len * HEAD_DIM  # q/k/v/o are [B*H, S, D] contiguous
@@ -62,15 +74,27 @@ def block_sparse_attend(qp, kp, vp, kv_num, kv_idx, scale: float, block_size: in
     nb = kv_num.shape[-1]
     block_n = min(block_size, 64)
     grid = (nb, b * h)
-    _block_sparse_fwd[grid](q_, k_, v_, out, kv_num.reshape(b * h, nb).contiguous(),
-                            kv_idx.reshape(b * h, nb, nb).contiguous(), scale * 1.4426950408889634, s, nb,
-                            HEAD_DIM=d, BLOCK=block_size, BLOCK_N=block_n,
-                            num_warps=8 if block_size >= 128 else 4)
+    _block_sparse_fwd[grid](
+        q_,
+        k_,
+        v_,
+        out,
+        kv_num.reshape(b * h, nb).contiguous(),
+        kv_idx.reshape(b * h, nb, nb).contiguous(),
+        scale * 1.4426950408889634,
+        s,
+        nb,
+        HEAD_DIM=d,
+        BLOCK=block_size,
+        BLOCK_N=block_n,
+        num_warps=8 if block_size >= 128 else 4,
+    )
     return out.view(b, h, s, d).transpose(1, 2)
 
 
-def triton_block_sparse(q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128,
-                        stats: dict | None = None, **_):
+def triton_block_sparse(
+    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None, **_
+):
     b, s, h, d = q.shape
     scale = resolve_scale(q, scale)
     qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)

@@ -90,8 +90,12 @@ class RFPlan:
 def record_stats(stats: dict | None, plan: RFPlan) -> None:
     """Fill an executor's `stats` dict (kept/total block pairs, realized and nominal sparsity) from its plan."""
     if stats is not None:
-        stats.update(kept_blocks=plan.kept_blocks, total_blocks=plan.block_mask.numel(),
-                     realized_sparsity=plan.realized_sparsity, nominal_sparsity=plan.sparsity)
+        stats.update(
+            kept_blocks=plan.kept_blocks,
+            total_blocks=plan.block_mask.numel(),
+            realized_sparsity=plan.realized_sparsity,
+            nominal_sparsity=plan.sparsity,
+        )
 
 
 def keep_count(n_blocks: int, sparsity: float) -> int:
@@ -129,12 +133,13 @@ def protected_blocks(order: TileOrder, seq_len: int, block_size: int, device=Non
     prot = torch.zeros(nb, dtype=torch.bool, device=device)
     prot[: -(-order.first_frame // block_size)] = True
     if order.n_tiled < seq_len:
-        prot[order.n_tiled // block_size:] = True
+        prot[order.n_tiled // block_size :] = True
     return prot
 
 
-def select_blocks(qp: torch.Tensor, kp: torch.Tensor, order: TileOrder, sparsity: float, scale: float,
-                  block_size: int) -> RFPlan:
+def select_blocks(
+    qp: torch.Tensor, kp: torch.Tensor, order: TileOrder, sparsity: float, scale: float, block_size: int
+) -> RFPlan:
     """Plan from permuted q and k ([B, S, H, D], already in `order`)."""
     s = qp.shape[1]
     q_pool, k_pool = pool_blocks(qp, block_size), pool_blocks(kp, block_size)

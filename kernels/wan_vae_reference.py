@@ -46,7 +46,7 @@ def dup_up3d(source, out_channels, factor_t, factor_s, repeats, drop_first):
     x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).contiguous()
     x = x.view(x.size(0), out_channels, x.size(2) * factor_t, x.size(4) * factor_s, x.size(6) * factor_s)
     if drop_first:
-        x = x[:, :, factor_t - 1:, :, :]
+        x = x[:, :, factor_t - 1 :, :, :]
     return x
 
 

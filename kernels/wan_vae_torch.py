@@ -128,8 +128,13 @@ def add_strides(main, source, factor_t, factor_s, repeats, drop_first):
     that order. So a channels_last_3d (or T-major) main + contiguous shortcut keeps main's
     layout. Meta tensors can't be asked here: their add breaks size-1 ties differently
     for fp16/bf16 (seen with a T-major main and one frame)."""
-    return _add_strides(tuple(main.shape), main.stride(), main.is_contiguous(), _geom(source),
-                        (factor_t, factor_s, repeats, bool(drop_first)))
+    return _add_strides(
+        tuple(main.shape),
+        main.stride(),
+        main.is_contiguous(),
+        _geom(source),
+        (factor_t, factor_s, repeats, bool(drop_first)),
+    )
 
 
 # ----------------------------------------------------------------------------- validation
@@ -151,8 +156,9 @@ def check_cat_pad(x, cache, padding, keep_cache_frames):
         if not isinstance(cache, torch.Tensor) or cache.dim() != 5:
             raise ValueError("cat_pad_5d: cache must be None or a 5-D [B,C,Tc,H,W] tensor")
         if cache.shape[:2] != x.shape[:2] or cache.shape[3:] != x.shape[3:]:
-            raise ValueError(f"cat_pad_5d: cache {tuple(cache.shape)} does not match x {tuple(x.shape)} "
-                             "outside the time dim")
+            raise ValueError(
+                f"cat_pad_5d: cache {tuple(cache.shape)} does not match x {tuple(x.shape)} outside the time dim"
+            )
         if cache.dtype != x.dtype:
             raise ValueError(f"cat_pad_5d: dtype mismatch, x {x.dtype} vs cache {cache.dtype}")
         if cache.device != x.device:
@@ -160,12 +166,13 @@ def check_cat_pad(x, cache, padding, keep_cache_frames):
             raise ValueError(f"cat_pad_5d: device mismatch, x on {x.device} vs cache on {cache.device}")
         if used and memory_format_of(cache) != memory_format_of(x):
             # ATen's cat would silently fall back to NCDHW; the decoder never mixes, so refuse
-            raise ValueError("cat_pad_5d: mixed memory formats (x "
-                             f"{memory_format_of(x)}, cache {memory_format_of(cache)}); use the reference")
+            raise ValueError(
+                "cat_pad_5d: mixed memory formats (x "
+                f"{memory_format_of(x)}, cache {memory_format_of(cache)}); use the reference"
+            )
         if used and cache.shape[2] > padding[4]:
             # F.pad would crop cache frames (negative pad); diffusers never does this
-            raise ValueError(f"cat_pad_5d: cache has {cache.shape[2]} frames, more than the temporal pad "
-                             f"{padding[4]}")
+            raise ValueError(f"cat_pad_5d: cache has {cache.shape[2]} frames, more than the temporal pad {padding[4]}")
     front = padding[4] - (cache.shape[2] if used else 0)
     return padding, used, front
 
@@ -184,15 +191,18 @@ def check_dup_up3d_add(main, source, factor_t, factor_s, repeats, drop_first):
     b, cin, t, h, w = source.shape
     cout = main.shape[1]
     if cout * factor_t * factor_s * factor_s != cin * repeats:
-        raise ValueError(f"dup_up3d_add: out_channels*factor ({cout}*{factor_t * factor_s * factor_s}) != "
-                         f"in_channels*repeats ({cin}*{repeats})")
+        raise ValueError(
+            f"dup_up3d_add: out_channels*factor ({cout}*{factor_t * factor_s * factor_s}) != "
+            f"in_channels*repeats ({cin}*{repeats})"
+        )
     drop = factor_t - 1 if drop_first else 0
     full = (b, cout, t * factor_t, h * factor_s, w * factor_s)
     if tuple(main.shape) != (b, cout, full[2] - drop, full[3], full[4]):
-        raise ValueError(f"dup_up3d_add: main {tuple(main.shape)} does not match DupUp3D(source "
-                         f"{tuple(source.shape)}) of shape {(b, cout, full[2] - drop, full[3], full[4])}")
+        raise ValueError(
+            f"dup_up3d_add: main {tuple(main.shape)} does not match DupUp3D(source "
+            f"{tuple(source.shape)}) of shape {(b, cout, full[2] - drop, full[3], full[4])}"
+        )
     return full, drop
-
 
 
 def supports(device) -> bool:
@@ -239,7 +249,7 @@ def cat_pad_5d(x, cache, padding, keep_cache_frames=0):
     if keep_cache_frames:
         new_cache = torch.empty_strided(*nc_layout, dtype=x.dtype, device=x.device)
         kx = min(keep_cache_frames, x.shape[2])
-        new_cache[:, :, new_cache.shape[2] - kx:].copy_(x[:, :, x.shape[2] - kx:])
+        new_cache[:, :, new_cache.shape[2] - kx :].copy_(x[:, :, x.shape[2] - kx :])
         if new_cache.shape[2] > kx:  # diffusers prepends the previous cache's last frame
             new_cache[:, :, :1].copy_(cache[:, :, -1:])
     return padded, new_cache
@@ -265,7 +275,7 @@ def _channel_groups(cout, cin, factor, repeats):
 def _source_channels(source, key, cout):
     if key[0] == "slice":
         _, start, step = key
-        return source[:, start:start + step * (cout - 1) + 1:step]
+        return source[:, start : start + step * (cout - 1) + 1 : step]
     return source.index_select(1, torch.tensor(key[1], device=source.device))
 
 
@@ -277,7 +287,12 @@ def dup_up3d_add(main, source, factor_t, factor_s, repeats, drop_first):
     one broadcast view; otherwise a loop over the <= factor_t*factor_s^2 sub-offsets.
     """
     full, drop = check_dup_up3d_add(main, source, factor_t, factor_s, repeats, drop_first)
-    out = torch.empty_strided(main.shape, add_strides(main, source, factor_t, factor_s, repeats, drop_first), dtype=main.dtype, device=main.device)
+    out = torch.empty_strided(
+        main.shape,
+        add_strides(main, source, factor_t, factor_s, repeats, drop_first),
+        dtype=main.dtype,
+        device=main.device,
+    )
     b, cout = main.shape[:2]
     ft, fs = factor_t, factor_s
     keys = _channel_groups(cout, source.shape[1], ft * fs * fs, repeats)
@@ -302,13 +317,13 @@ def dup_up3d_add(main, source, factor_t, factor_s, repeats, drop_first):
             continue
         start = t0 * ft + it - drop
         o, m = split(out[:, :, start::ft], n), split(main[:, :, start::ft], n)
-        sub = keys[it * fs * fs:(it + 1) * fs * fs]
+        sub = keys[it * fs * fs : (it + 1) * fs * fs]
         if len(set(sub)) == 1:  # all (h, w) sub-offsets share channels: broadcast both
             s = _source_channels(source, sub[0], cout)[:, :, t0:, :, None, :, None]
             torch.add(m, s, out=o)
             continue
         for ih in range(fs):
-            row = sub[ih * fs:(ih + 1) * fs]
+            row = sub[ih * fs : (ih + 1) * fs]
             if len(set(row)) == 1:  # e.g. Wan 2.2's (1,2,2): channel 2*co + ih, w broadcast
                 s = _source_channels(source, row[0], cout)[:, :, t0:, :, :, None]
                 torch.add(m[:, :, :, :, ih], s, out=o[:, :, :, :, ih])

@@ -60,13 +60,46 @@ def _check_dtype(op, t):
 
 @triton.jit
 def _cat_pad_kernel(
-    out_ptr, x_ptr, c_ptr, nc_ptr,
-    C, T_out, H_out, W_out, H, W, Tc, T_src, nc_t0, pt, ph, pw,
-    so_b, so_c, so_t, so_h, so_w,
-    sx_b, sx_c, sx_t, sx_h, sx_w,
-    sc_b, sc_c, sc_t, sc_h, sc_w,
-    sn_b, sn_c, sn_t, sn_h, sn_w,
-    CL: tl.constexpr, WRITE_CACHE: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    out_ptr,
+    x_ptr,
+    c_ptr,
+    nc_ptr,
+    C,
+    T_out,
+    H_out,
+    W_out,
+    H,
+    W,
+    Tc,
+    T_src,
+    nc_t0,
+    pt,
+    ph,
+    pw,
+    so_b,
+    so_c,
+    so_t,
+    so_h,
+    so_w,
+    sx_b,
+    sx_c,
+    sx_t,
+    sx_h,
+    sx_w,
+    sc_b,
+    sc_c,
+    sc_t,
+    sc_h,
+    sc_w,
+    sn_b,
+    sn_c,
+    sn_t,
+    sn_h,
+    sn_w,
+    CL: tl.constexpr,
+    WRITE_CACHE: tl.constexpr,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     ii = tl.program_id(1).to(tl.int64) * BI + tl.arange(0, BI).to(tl.int64)[:, None]
@@ -105,8 +138,9 @@ def _cat_pad_kernel(
     tl.store(out_ptr + b * so_b + c * so_c + t * so_t + h * so_h + w * so_w, val, mask=tile)
     if WRITE_CACHE:  # the last unpadded frames double as the next chunk's cache
         tn = ts - nc_t0
-        tl.store(nc_ptr + b * sn_b + c * sn_c + tn * sn_t + hs * sn_h + ws * sn_w, val,
-                 mask=tl.where(tn >= 0, inside, False))
+        tl.store(
+            nc_ptr + b * sn_b + c * sn_c + tn * sn_t + hs * sn_h + ws * sn_w, val, mask=tl.where(tn >= 0, inside, False)
+        )
 
 
 @triton.jit
@@ -139,15 +173,40 @@ def _bf16_rne(x):
 
 @triton.jit
 def _dup_up3d_add_kernel(
-    out_ptr, main_ptr, src_ptr,
-    S1, S2, S3, S4,
-    so0, so1, so2, so3, so4,
-    sm0, sm1, sm2, sm3, sm4,
-    ss_b, ss_c, ss_t, ss_h, ss_w,
-    SLOT_B: tl.constexpr, SLOT_C: tl.constexpr, SLOT_T: tl.constexpr, SLOT_H: tl.constexpr,
+    out_ptr,
+    main_ptr,
+    src_ptr,
+    S1,
+    S2,
+    S3,
+    S4,
+    so0,
+    so1,
+    so2,
+    so3,
+    so4,
+    sm0,
+    sm1,
+    sm2,
+    sm3,
+    sm4,
+    ss_b,
+    ss_c,
+    ss_t,
+    ss_h,
+    ss_w,
+    SLOT_B: tl.constexpr,
+    SLOT_C: tl.constexpr,
+    SLOT_T: tl.constexpr,
+    SLOT_H: tl.constexpr,
     SLOT_W: tl.constexpr,
-    FT: tl.constexpr, FS: tl.constexpr, REPEATS: tl.constexpr, DROP: tl.constexpr,
-    OUT_BF16: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+    FT: tl.constexpr,
+    FS: tl.constexpr,
+    REPEATS: tl.constexpr,
+    DROP: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
 ):
     # Slots are out's dims from slowest (0) to fastest (4): the program walks the 3 outer
     # slots, the tile covers the 2 fastest, so out and main are read/written coalesced
@@ -221,16 +280,36 @@ def cat_pad_5d(x, cache, padding, keep_cache_frames=0):
     nc = new_cache if write_cache else padded
     with _device_guard(x):
         _cat_pad_kernel[grid](
-            padded, x, c_src, nc,
-            C, T_out, H_out, W_out, x.shape[3], x.shape[4], tc, t_src, nc_t0,
-            front, padding[2], padding[0],
-            *padded.stride(), *x.stride(), *c_src.stride(), *nc.stride(),
-            CL=cl, WRITE_CACHE=write_cache, BI=bi, BJ=bj, num_warps=4,
+            padded,
+            x,
+            c_src,
+            nc,
+            C,
+            T_out,
+            H_out,
+            W_out,
+            x.shape[3],
+            x.shape[4],
+            tc,
+            t_src,
+            nc_t0,
+            front,
+            padding[2],
+            padding[0],
+            *padded.stride(),
+            *x.stride(),
+            *c_src.stride(),
+            *nc.stride(),
+            CL=cl,
+            WRITE_CACHE=write_cache,
+            BI=bi,
+            BJ=bj,
+            num_warps=4,
         )
     if new_cache is not None and not write_cache:
         kx = min(keep_cache_frames, x.shape[2])
-        new_cache[:, :, new_cache.shape[2] - kx:].copy_(x[:, :, x.shape[2] - kx:])
-        new_cache[:, :, :new_cache.shape[2] - kx].copy_(cache[:, :, -1:])
+        new_cache[:, :, new_cache.shape[2] - kx :].copy_(x[:, :, x.shape[2] - kx :])
+        new_cache[:, :, : new_cache.shape[2] - kx].copy_(cache[:, :, -1:])
     return padded, new_cache
 
 
@@ -253,12 +332,28 @@ def dup_up3d_add(main, source, factor_t, factor_s, repeats, drop_first):
     grid = (sizes[0] * sizes[1] * sizes[2], triton.cdiv(sizes[3], bi), triton.cdiv(sizes[4], bj))
     with _device_guard(main):
         _dup_up3d_add_kernel[grid](
-            out, main, source,
-            sizes[1], sizes[2], sizes[3], sizes[4],
-            *[out.stride(d) for d in order], *[main.stride(d) for d in order],
+            out,
+            main,
+            source,
+            sizes[1],
+            sizes[2],
+            sizes[3],
+            sizes[4],
+            *[out.stride(d) for d in order],
+            *[main.stride(d) for d in order],
             *source.stride(),
-            SLOT_B=slot[0], SLOT_C=slot[1], SLOT_T=slot[2], SLOT_H=slot[3], SLOT_W=slot[4],
-            FT=factor_t, FS=factor_s, REPEATS=repeats, DROP=drop,
-            OUT_BF16=main.dtype == torch.bfloat16, BI=bi, BJ=bj, num_warps=4,
+            SLOT_B=slot[0],
+            SLOT_C=slot[1],
+            SLOT_T=slot[2],
+            SLOT_H=slot[3],
+            SLOT_W=slot[4],
+            FT=factor_t,
+            FS=factor_s,
+            REPEATS=repeats,
+            DROP=drop,
+            OUT_BF16=main.dtype == torch.bfloat16,
+            BI=bi,
+            BJ=bj,
+            num_warps=4,
         )
     return out

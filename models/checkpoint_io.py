@@ -31,8 +31,10 @@ def shown_name(path: str) -> str:
 
 def _damaged(path: str, kind: str, err: BaseException | str) -> CheckpointError:
     detail = err if isinstance(err, str) else (str(err).splitlines() or [type(err).__name__])[0][:200]
-    return CheckpointError(f"{shown_name(path)} cannot be read as {kind} ({detail}). The file is damaged or "
-                           "incomplete (an interrupted download or copy?): download it again.")
+    return CheckpointError(
+        f"{shown_name(path)} cannot be read as {kind} ({detail}). The file is damaged or "
+        "incomplete (an interrupted download or copy?): download it again."
+    )
 
 
 def safetensors_keys(path: str) -> list[str]:
@@ -71,8 +73,9 @@ def _safetensors_header(path: str) -> dict:
             header = json.loads(f.read(size))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise _damaged(path, ".safetensors", f"header is not JSON: {err}") from None
-    if not isinstance(header, dict) or not all(isinstance(v, dict) and "data_offsets" in v
-                                               for k, v in header.items() if k != "__metadata__"):
+    if not isinstance(header, dict) or not all(
+        isinstance(v, dict) and "data_offsets" in v for k, v in header.items() if k != "__metadata__"
+    ):
         raise _damaged(path, ".safetensors", "header is not a safetensors tensor table")
     return header
 
@@ -96,14 +99,17 @@ def read_torch_file(path: str):
     with open(path, "rb") as f:
         head = f.read(4)
     if head != ZIP_MAGIC and head[:1] != PICKLE_PROTO:
-        raise CheckpointError(f"{name} is not a PyTorch checkpoint: it starts with {head!r}, not a torch.save "
-                              "archive. Use the released .pt file or a .safetensors file.")
+        raise CheckpointError(
+            f"{name} is not a PyTorch checkpoint: it starts with {head!r}, not a torch.save "
+            "archive. Use the released .pt file or a .safetensors file."
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=head == ZIP_MAGIC)
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"{name}: refused to load. The file holds Python objects other than tensors (a pickle that could "
-            "run code), so it was not unpickled. Use the released .pt or a .safetensors file.") from None
+            "run code), so it was not unpickled. Use the released .pt or a .safetensors file."
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, struct.error) as err:
         raise _damaged(path, "a PyTorch checkpoint", type(err).__name__) from None
 

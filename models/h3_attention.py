@@ -83,8 +83,17 @@ class OmniVideoH3AttnProcessor(MiniMaxH3AttnProcessor):
         if self.kind == "refiner":
             out = attention(query, key, value, self.state.refiner_config, scale=query.shape[-1] ** -0.5, layout=layout)
         else:
-            out = attention(query, key, value, self.state.config, scale=query.shape[-1] ** -0.5, layout=layout,
-                            step=self.state.step, layer=self.layer, stats=self.state.stats)
+            out = attention(
+                query,
+                key,
+                value,
+                self.state.config,
+                scale=query.shape[-1] ** -0.5,
+                layout=layout,
+                step=self.state.step,
+                layer=self.layer,
+                stats=self.state.stats,
+            )
         out = out.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -112,8 +121,9 @@ def _check_and_stash(state: H3AttentionState):
 
 
 @contextlib.contextmanager
-def h3_attention(transformer: torch.nn.Module, config: AttentionConfig | dict | None = None,
-                 record: list | None = None):
+def h3_attention(
+    transformer: torch.nn.Module, config: AttentionConfig | dict | None = None, record: list | None = None
+):
     """Install our processors for the duration of a run; diffusers' originals come back afterwards."""
     state = H3AttentionState(normalize_config(config), record=record)
     original = dict(transformer.attn_processors)

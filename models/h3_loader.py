@@ -30,8 +30,11 @@ from .checkpoint_io import CheckpointError, check_safetensors, read_json, read_s
 
 log = logging.getLogger("omnivideo")
 
-CLASSES = {"transformer": MiniMaxH3Transformer3DModel, "vae": AutoencoderKLMiniMaxH3,
-           "audio_vae": AutoencoderKLMiniMaxH3Audio}
+CLASSES = {
+    "transformer": MiniMaxH3Transformer3DModel,
+    "vae": AutoencoderKLMiniMaxH3,
+    "audio_vae": AutoencoderKLMiniMaxH3Audio,
+}
 ORIGINAL_KEY = "token_refiner.blocks.0.attn.qkv_proj.weight"  # diffusers' marker of an original H3 checkpoint
 COMFY_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
@@ -53,27 +56,41 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
     """Raise a message naming what is wrong or missing in a diffusers-format H3 folder."""
     root = Path(root)
     if not root.is_dir():
-        raise H3LoadError(f"'{root}' is not a folder. Put the diffusers-format MiniMax-H3 folder "
-                          "(transformer/, vae/, audio_vae/, scheduler/, audio_scheduler/) under models/diffusers/.")
+        raise H3LoadError(
+            f"'{root}' is not a folder. Put the diffusers-format MiniMax-H3 folder "
+            "(transformer/, vae/, audio_vae/, scheduler/, audio_scheduler/) under models/diffusers/."
+        )
     cfg = root / "transformer" / "config.json"
     if cfg.is_file():
         name = _read_json(cfg).get("_class_name")
         if name != "MiniMaxH3Transformer3DModel":
-            raise H3LoadError(f"'{root}' holds a {name} transformer, not MiniMax-H3 (MiniMaxH3Transformer3DModel). "
-                              "Pick the MiniMax-H3 folder.")
+            raise H3LoadError(
+                f"'{root}' holds a {name} transformer, not MiniMax-H3 (MiniMaxH3Transformer3DModel). "
+                "Pick the MiniMax-H3 folder."
+            )
     elif need_transformer_weights:
-        hint = " (it has transformer_ref/ only: that is the ref2va partition, not supported here)" \
-            if (root / "transformer_ref").is_dir() else ""
-        raise H3LoadError(f"'{root}' has no transformer/config.json{hint}; this is not a diffusers-format "
-                          "MiniMax-H3 folder, or choose a single-file transformer from diffusion_models.")
+        hint = (
+            " (it has transformer_ref/ only: that is the ref2va partition, not supported here)"
+            if (root / "transformer_ref").is_dir()
+            else ""
+        )
+        raise H3LoadError(
+            f"'{root}' has no transformer/config.json{hint}; this is not a diffusers-format "
+            "MiniMax-H3 folder, or choose a single-file transformer from diffusion_models."
+        )
     missing = [sub for sub in ("vae", "audio_vae") if not (root / sub / "config.json").is_file()]
     if need_transformer_weights and not _weight_files(root / "transformer"):
         missing.append("transformer weights (*.safetensors)")
-    missing += [f"{sub} weights (*.safetensors)" for sub in ("vae", "audio_vae")
-                if (root / sub / "config.json").is_file() and not _weight_files(root / sub)]
+    missing += [
+        f"{sub} weights (*.safetensors)"
+        for sub in ("vae", "audio_vae")
+        if (root / sub / "config.json").is_file() and not _weight_files(root / sub)
+    ]
     if missing:
-        raise H3LoadError(f"'{root}' is missing: {', '.join(missing)}. Download the complete MiniMax-H3 "
-                          "diffusers folder (MiniMaxAI/MiniMax-H3) into models/diffusers/.")
+        raise H3LoadError(
+            f"'{root}' is missing: {', '.join(missing)}. Download the complete MiniMax-H3 "
+            "diffusers folder (MiniMaxAI/MiniMax-H3) into models/diffusers/."
+        )
     return root
 
 
@@ -94,8 +111,10 @@ def _weight_files(folder: Path) -> list[Path]:
         names = sorted(set(_read_json(index[0])["weight_map"].values()))
         absent = [n for n in names if not (folder / n).is_file()]
         if absent:
-            raise H3LoadError(f"{folder} lists shards that are not there: {', '.join(absent[:3])}"
-                              f"{'…' if len(absent) > 3 else ''}. Finish the download.")
+            raise H3LoadError(
+                f"{folder} lists shards that are not there: {', '.join(absent[:3])}"
+                f"{'…' if len(absent) > 3 else ''}. Finish the download."
+            )
         return [folder / n for n in names]
     return sorted(folder.glob("*.safetensors"))
 
@@ -123,13 +142,16 @@ def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
             module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
         elif isinstance(module, MiniMaxH3VideoRotaryPosEmbed) and module.inv_freq.is_meta:
             cfg = model.config
-            fresh = MiniMaxH3VideoRotaryPosEmbed(int(cfg.decoder_attention_head_dim * cfg.decoder_rope_dim_ratio),
-                                                 theta=cfg.decoder_rope_theta)
+            fresh = MiniMaxH3VideoRotaryPosEmbed(
+                int(cfg.decoder_attention_head_dim * cfg.decoder_rope_dim_ratio), theta=cfg.decoder_rope_theta
+            )
             module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
-        raise H3LoadError(f"{type(model).__name__}: no values for {', '.join(left[:5])}; "
-                          "the checkpoint does not match this diffusers version.")
+        raise H3LoadError(
+            f"{type(model).__name__}: no values for {', '.join(left[:5])}; "
+            "the checkpoint does not match this diffusers version."
+        )
 
 
 def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
@@ -146,8 +168,10 @@ def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: t
         )
     for key, value in state_dict.items():
         if value.shape != expected[key]:
-            raise H3LoadError(f"{source}: {key} has shape {tuple(value.shape)}, the config expects "
-                              f"{tuple(expected[key])}. Check config.json.")
+            raise H3LoadError(
+                f"{source}: {key} has shape {tuple(value.shape)}, the config expects "
+                f"{tuple(expected[key])}. Check config.json."
+            )
     model.load_state_dict(state_dict, strict=True, assign=True)
     _rebuild_computed_buffers(model)
     _cast_with_islands(model, dtype)
@@ -167,7 +191,7 @@ def convert_single_file(path: str | os.PathLike, config: dict) -> dict[str, torc
     sd = read_safetensors(str(path))
     for prefix in COMFY_PREFIXES:
         if any(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+            sd = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()}
     if "adaln_t_table" in sd:
         raise H3LoadError(
             f"{path} is a pruned MiniMax-H3 checkpoint: it stores adaln_t_table {tuple(sd['adaln_t_table'].shape)} "
@@ -183,8 +207,11 @@ def convert_single_file(path: str | os.PathLike, config: dict) -> dict[str, torc
 
 def _transformer_config(root: Path | None) -> dict:
     """transformer/config.json of the folder when present, else the released model's (the class defaults)."""
-    defaults = {n: p.default for n, p in inspect.signature(MiniMaxH3Transformer3DModel.__init__).parameters.items()
-                if n != "self"}
+    defaults = {
+        n: p.default
+        for n, p in inspect.signature(MiniMaxH3Transformer3DModel.__init__).parameters.items()
+        if n != "self"
+    }
     if root is not None and (root / "transformer" / "config.json").is_file():
         return {**defaults, **_read_json(root / "transformer" / "config.json")}
     return defaults
@@ -205,8 +232,12 @@ def geometry_of(transformer, vae, audio_vae) -> H3Geometry:
 def latent_norm_of(vae, audio_vae) -> dict:
     if audio_vae.config.latents_mean is None or audio_vae.config.latents_std is None:
         raise H3LoadError("audio_vae/config.json has no latents_mean / latents_std; the H3 audio VAE needs both.")
-    return {"video_mean": list(vae.config.latents_mean), "video_std": list(vae.config.latents_std),
-            "audio_mean": list(audio_vae.config.latents_mean), "audio_std": list(audio_vae.config.latents_std)}
+    return {
+        "video_mean": list(vae.config.latents_mean),
+        "video_std": list(vae.config.latents_std),
+        "audio_mean": list(audio_vae.config.latents_mean),
+        "audio_std": list(audio_vae.config.latents_std),
+    }
 
 
 def scheduler_configs(root: Path) -> tuple[dict, dict]:
@@ -221,9 +252,13 @@ def scheduler_configs(root: Path) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "auto",
-            transformer_file: str | os.PathLike | None = None, device: torch.device | None = None,
-            attention=None):
+def load_h3(
+    folder: str | os.PathLike,
+    dtype: str | torch.dtype = "auto",
+    transformer_file: str | os.PathLike | None = None,
+    device: torch.device | None = None,
+    attention=None,
+):
     """-> (OmniVideoModel family "h3", video VAE, audio VAE). Everything stays on CPU until a node runs it."""
     from .handles import OmniVideoModel
 
@@ -235,8 +270,13 @@ def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "auto",
         check_safetensors(str(file))
     if transformer_file is not None:
         config = _transformer_config(root)
-        transformer = build_model(MiniMaxH3Transformer3DModel, config, convert_single_file(transformer_file, config),
-                                  dtype, str(transformer_file))
+        transformer = build_model(
+            MiniMaxH3Transformer3DModel,
+            config,
+            convert_single_file(transformer_file, config),
+            dtype,
+            str(transformer_file),
+        )
     else:
         transformer = load_component(root, "transformer", dtype)
     vae = load_component(root, "vae", torch.float32 if dtype == torch.float32 else dtype)
@@ -244,10 +284,20 @@ def load_h3(folder: str | os.PathLike, dtype: str | torch.dtype = "auto",
     video_cfg, audio_cfg = scheduler_configs(root)
     if device is None:
         from ..backends import PLATFORM
+
         device = PLATFORM.device
     model = OmniVideoModel(
-        family="h3", transformer=transformer, dtype=dtype, device=device, attention=attention,
-        extras={"geometry": geometry_of(transformer, vae, audio_vae), "latent_norm": latent_norm_of(vae, audio_vae),
-                "scheduler_config": video_cfg, "audio_scheduler_config": audio_cfg, "source": str(root)},
+        family="h3",
+        transformer=transformer,
+        dtype=dtype,
+        device=device,
+        attention=attention,
+        extras={
+            "geometry": geometry_of(transformer, vae, audio_vae),
+            "latent_norm": latent_norm_of(vae, audio_vae),
+            "scheduler_config": video_cfg,
+            "audio_scheduler_config": audio_cfg,
+            "source": str(root),
+        },
     )
     return model, vae, audio_vae

@@ -60,21 +60,26 @@ def encoder_folder_problem(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def load_text_encoder(folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
-                      layer: int = DEFAULT_LAYER) -> H3TextEncoder:
+def load_text_encoder(
+    folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, layer: int = DEFAULT_LAYER
+) -> H3TextEncoder:
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
     folder = Path(folder)
     problem = encoder_folder_problem(folder)
     if problem is not None:
-        raise ValueError(f"{folder}: {problem}. Put the Qwen3-VL text encoder folder (config, *.safetensors, "
-                         "tokenizer and preprocessor files) under models/text_encoders/.")
+        raise ValueError(
+            f"{folder}: {problem}. Put the Qwen3-VL text encoder folder (config, *.safetensors, "
+            "tokenizer and preprocessor files) under models/text_encoders/."
+        )
     model_dir, tok_dir, proc_dir = _parts(folder)
     cfg = read_json(str(model_dir / "config.json"))
     n_layers = cfg.get("text_config", {}).get("num_hidden_layers", 0)
     if n_layers <= layer:
-        raise ValueError(f"hidden layer {layer} needs more than {layer} decoder layers; {model_dir} has {n_layers}. "
-                         "Lower the layer input or use the full Qwen3-VL-32B encoder (64 layers, layer 50).")
+        raise ValueError(
+            f"hidden layer {layer} needs more than {layer} decoder layers; {model_dir} has {n_layers}. "
+            "Lower the layer input or use the full Qwen3-VL-32B encoder (64 layers, layer 50)."
+        )
     try:
         model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
@@ -90,9 +95,10 @@ def presentation(tokenizer, processor, prompt: str, keyframes: list) -> tuple[li
     if keyframes:
         feats = processor.image_processor(images=list(keyframes), return_tensors="pt")
         vision = {"pixel_values": feats["pixel_values"], "image_grid_thw": feats["image_grid_thw"]}
-        merge = processor.image_processor.merge_size ** 2
-        start, pad, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>",
-                                                                        "<|vision_end|>"))
+        merge = processor.image_processor.merge_size**2
+        start, pad, end = (
+            tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+        )
         for i, grid in enumerate(feats["image_grid_thw"]):
             label = tokenizer(f"<Picture {i + 1}>: ", add_special_tokens=False)["input_ids"]
             block = [start] + [pad] * (int(grid.prod()) // merge) + [end]
@@ -103,31 +109,38 @@ def presentation(tokenizer, processor, prompt: str, keyframes: list) -> tuple[li
 
 
 @torch.no_grad()
-def encode_prompt(te: H3TextEncoder, prompt: str, keyframes: list | tuple = (),
-                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_prompt(
+    te: H3TextEncoder, prompt: str, keyframes: list | tuple = (), device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (embeds [1, N, text_dim] in the encoder's dtype on CPU, tags [N] long)."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("The H3 prompt must be a non-empty string.")
     device = device or next(te.model.parameters()).device
     token_ids, tags, vision = presentation(te.tokenizer, te.processor, prompt, list(keyframes))
     te.model.to(device)
-    embeds = get_qwen3vl_prompt_embeds(te.model, te.processor, token_ids, vision, text_encoder_layer=te.layer,
-                                       device=device, dtype=te.model.dtype)
+    embeds = get_qwen3vl_prompt_embeds(
+        te.model, te.processor, token_ids, vision, text_encoder_layer=te.layer, device=device, dtype=te.model.dtype
+    )
     return embeds.cpu(), torch.tensor(tags, dtype=torch.long)
 
 
 def save_embeddings(path: str, embeds: torch.Tensor, tags: torch.Tensor, **meta) -> str:
     """Write an H3 embedding to `path` (callers choose a path that replaces nothing: safe_paths.write_output_file)."""
-    save_file({EMBED_KEY: embeds.contiguous().cpu(), TAGS_KEY: tags.contiguous().cpu()}, str(path),
-              metadata={"omnivideo": "h3_text", **{k: str(v) for k, v in meta.items()}})
+    save_file(
+        {EMBED_KEY: embeds.contiguous().cpu(), TAGS_KEY: tags.contiguous().cpu()},
+        str(path),
+        metadata={"omnivideo": "h3_text", **{k: str(v) for k, v in meta.items()}},
+    )
     return str(path)
 
 
 def embedding_problem(path: str) -> str | None:
     """None when `path` holds an H3 prompt embedding (header only), else why not."""
     if EMBED_KEY not in safetensors_keys(path):
-        return (f"it holds no '{EMBED_KEY}' tensor, so it is not an H3 prompt embedding; make one with "
-                "OmniVideo H3 Text Encode's save_as")
+        return (
+            f"it holds no '{EMBED_KEY}' tensor, so it is not an H3 prompt embedding; make one with "
+            "OmniVideo H3 Text Encode's save_as"
+        )
     return None
 
 

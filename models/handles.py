@@ -33,6 +33,6 @@ class OmniVideoConditioning:
     text: torch.Tensor  # OmniDreams [1, 512, 100352]; H3 [1, Nt, text_dim]
     extras: dict[str, Any] = field(default_factory=dict)  # first frame / HD-map / keyframe latents, layout info
 
-    def with_extras(self, **extras) -> "OmniVideoConditioning":
+    def with_extras(self, **extras) -> OmniVideoConditioning:
         """A copy with more conditioning attached (nodes never mutate their inputs)."""
         return OmniVideoConditioning(self.family, self.text, {**self.extras, **extras})

@@ -60,8 +60,15 @@ class OmniDreamsConfig:
 # ---------------------------------------------------------------------------- attention
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, attention_config=None,
-               grid: tuple[int, int, int] | None = None, layer: int | None = None) -> torch.Tensor:
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    attention_config=None,
+    grid: tuple[int, int, int] | None = None,
+    layer: int | None = None,
+) -> torch.Tensor:
     """q [B,Sq,H,D], k/v [B,Sk,H,D] -> [B,Sq,H,D]; no mask: bidirectional over what is given.
 
     The one place the DiT's attention meets the registry (OMNIVIDEO_ATTENTION config; None = the
@@ -80,8 +87,9 @@ def _axis_freqs(dim: int, ratio: float) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
-def rope_cos_sin(config: OmniDreamsConfig, t: int, h: int, w: int, t_offset: int = 0,
-                 device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    config: OmniDreamsConfig, t: int, h: int, w: int, t_offset: int = 0, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [t*h*w, head_dim] for tokens in (t h w) order, frequencies laid out [t,h,w,t,h,w].
 
     `t_offset` = ar_idx * len_t: time positions keep growing across chunks.
@@ -91,11 +99,14 @@ def rope_cos_sin(config: OmniDreamsConfig, t: int, h: int, w: int, t_offset: int
     ang_t = torch.outer(pos_t, _axis_freqs(d_t, r_t))
     ang_h = torch.outer(torch.arange(h, dtype=torch.float64), _axis_freqs(d_h, r_h))
     ang_w = torch.outer(torch.arange(w, dtype=torch.float64), _axis_freqs(d_w, r_w))
-    half = torch.cat([
-        ang_t[:, None, None, :].expand(t, h, w, -1),
-        ang_h[None, :, None, :].expand(t, h, w, -1),
-        ang_w[None, None, :, :].expand(t, h, w, -1),
-    ], dim=-1).reshape(t * h * w, -1)
+    half = torch.cat(
+        [
+            ang_t[:, None, None, :].expand(t, h, w, -1),
+            ang_h[None, :, None, :].expand(t, h, w, -1),
+            ang_w[None, None, :, :].expand(t, h, w, -1),
+        ],
+        dim=-1,
+    ).reshape(t * h * w, -1)
     angles = torch.cat([half, half], dim=-1)  # rotate-half pairs (d, d + head_dim/2)
     return angles.cos().float().to(device), angles.sin().float().to(device)
 
@@ -237,7 +248,7 @@ class FinalLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor, lora: torch.Tensor) -> torch.Tensor:
         dim = x.shape[-1]
-        shift, scale = (self.adaln_modulation(emb) + lora[..., :2 * dim]).chunk(2, dim=-1)
+        shift, scale = (self.adaln_modulation(emb) + lora[..., : 2 * dim]).chunk(2, dim=-1)
         return self.linear(F.layer_norm(x, (dim,), eps=1e-6) * (1 + scale) + shift)
 
 
@@ -278,9 +289,18 @@ class OmniDreamsDiT(nn.Module):
         s = timestep_sinusoid(t_net * cfg.timestep_scale, cfg.model_channels).to(self.dtype)
         return self.t_embedding_norm(s)[:, None], self.t_embedder[1](s)[:, None]
 
-    def forward(self, x: torch.Tensor, t: float, cross_kv, *, cond_mask: torch.Tensor | None = None,
-                hdmap: torch.Tensor | None = None, t_offset: int = 0, kv_cache=None,
-                attention_config: dict | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: float,
+        cross_kv,
+        *,
+        cond_mask: torch.Tensor | None = None,
+        hdmap: torch.Tensor | None = None,
+        t_offset: int = 0,
+        kv_cache=None,
+        attention_config: dict | None = None,
+    ) -> torch.Tensor:
         """x [B,16,T,H,W] (model latent space) at scalar timestep t -> flow [B,16,T,H,W] (float32).
 
         cond_mask [B,1,T,H,W] is 1 on pinned frame-0 latents; hdmap [B,16,T,H,W] or None (= zeros);

@@ -27,17 +27,21 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     name = os.path.basename(path)
     sd = read_safetensors(path) if path.endswith(".safetensors") else read_torch_file(path)
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{name}: expected a flat dict of tensors, found {type(sd).__name__}"
-                              f"{' with non-tensor values' if isinstance(sd, dict) else ''}.")
+        raise CheckpointError(
+            f"{name}: expected a flat dict of tensors, found {type(sd).__name__}"
+            f"{' with non-tensor values' if isinstance(sd, dict) else ''}."
+        )
     if any(k.startswith(PREFIX) for k in sd):
-        sd = {(k[len(PREFIX):] if k.startswith(PREFIX) else k): v for k, v in sd.items()}
+        sd = {(k[len(PREFIX) :] if k.startswith(PREFIX) else k): v for k, v in sd.items()}
     return sd
 
 
 def _shape(sd, key, name) -> tuple[int, ...]:
     if key not in sd:
-        raise CheckpointError(f"{name}: key '{key}' is missing, so the model size cannot be inferred. "
-                              f"This does not look like an OmniDreams (Cosmos-Predict2.5) DiT checkpoint.")
+        raise CheckpointError(
+            f"{name}: key '{key}' is missing, so the model size cannot be inferred. "
+            f"This does not look like an OmniDreams (Cosmos-Predict2.5) DiT checkpoint."
+        )
     return tuple(sd[key].shape)
 
 
@@ -53,17 +57,27 @@ def infer_config(sd: dict[str, torch.Tensor], name: str = "checkpoint") -> OmniD
     in_ch = 16
     out_features = _shape(sd, "final_layer.linear.weight", name)[0]
     if out_features % in_ch or int(round((out_features // in_ch) ** 0.5)) ** 2 != out_features // in_ch:
-        raise CheckpointError(f"{name}: final_layer.linear.weight has {out_features} rows; expected 16 latent "
-                              f"channels x a square spatial patch (64 for patch 2).")
+        raise CheckpointError(
+            f"{name}: final_layer.linear.weight has {out_features} rows; expected 16 latent "
+            f"channels x a square spatial patch (64 for patch 2)."
+        )
     patch = int(round((out_features // in_ch) ** 0.5))
     text_dim, text_in = _shape(sd, "crossattn_proj.0.weight", name)
     hd_in = _shape(sd, "additional_patch_embedding.proj.1.weight", name)[1]
     return OmniDreamsConfig(
-        model_channels=dim, num_blocks=max(blocks) + 1, num_heads=dim // head_dim,
+        model_channels=dim,
+        num_blocks=max(blocks) + 1,
+        num_heads=dim // head_dim,
         mlp_hidden=_shape(sd, "blocks.0.mlp.layer1.weight", name)[0],
         adaln_lora_dim=_shape(sd, "blocks.0.adaln_modulation_self_attn.1.weight", name)[0],
-        in_channels=in_ch, out_channels=in_ch, patch_spatial=patch, patch_temporal=1,
-        hdmap_channels=hd_in // (patch * patch), text_in_dim=text_in, text_dim=text_dim)
+        in_channels=in_ch,
+        out_channels=in_ch,
+        patch_spatial=patch,
+        patch_temporal=1,
+        hdmap_channels=hd_in // (patch * patch),
+        text_in_dim=text_in,
+        text_dim=text_dim,
+    )
 
 
 def final_rows_to_model(w: torch.Tensor, cfg: OmniDreamsConfig) -> torch.Tensor:
@@ -84,10 +98,12 @@ def fuse_state_dict(sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig, name: st
     w = sd["x_embedder.proj.1.weight"]
     padded = cfg.x_embed_in + cfg.patch_volume  # + the padding-mask channel's patch
     if w.shape[1] == padded:
-        out["x_embedder.proj.1.weight"] = w[:, :cfg.x_embed_in]
+        out["x_embedder.proj.1.weight"] = w[:, : cfg.x_embed_in]
     elif w.shape[1] != cfg.x_embed_in:
-        raise CheckpointError(f"{name}: x_embedder.proj.1.weight has {w.shape[1]} input columns; expected "
-                              f"{padded} (latent + condition mask + padding mask) or {cfg.x_embed_in}.")
+        raise CheckpointError(
+            f"{name}: x_embedder.proj.1.weight has {w.shape[1]} input columns; expected "
+            f"{padded} (latent + condition mask + padding mask) or {cfg.x_embed_in}."
+        )
     out["final_layer.linear.weight"] = final_rows_to_model(sd["final_layer.linear.weight"], cfg)
     return out
 
@@ -97,25 +113,33 @@ def validate_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module, nam
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
-    wrong = sorted(f"{k} {tuple(sd[k].shape)} (expected {expected[k]})"
-                   for k in set(expected) & set(sd) if tuple(sd[k].shape) != expected[k])
+    wrong = sorted(
+        f"{k} {tuple(sd[k].shape)} (expected {expected[k]})"
+        for k in set(expected) & set(sd)
+        if tuple(sd[k].shape) != expected[k]
+    )
     if not (missing or unexpected or wrong):
         return
 
     def listing(title, items):
-        shown = ", ".join(items[:_LIST_LIMIT]) + (f", ... (+{len(items) - _LIST_LIMIT} more)"
-                                                   if len(items) > _LIST_LIMIT else "")
+        shown = ", ".join(items[:_LIST_LIMIT]) + (
+            f", ... (+{len(items) - _LIST_LIMIT} more)" if len(items) > _LIST_LIMIT else ""
+        )
         return f"\n  {title} ({len(items)}): {shown}" if items else ""
 
     raise CheckpointError(
         f"{name} does not match the OmniDreams DiT inferred from its shapes "
         f"({len(expected)} keys expected, {len(sd)} found):"
-        + listing("missing", missing) + listing("unexpected", unexpected) + listing("wrong shape", wrong)
-        + "\nUse the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused.")
+        + listing("missing", missing)
+        + listing("unexpected", unexpected)
+        + listing("wrong shape", wrong)
+        + "\nUse the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused."
+    )
 
 
-def build_model(sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                name: str = "checkpoint") -> OmniDreamsDiT:
+def build_model(
+    sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, name: str = "checkpoint"
+) -> OmniDreamsDiT:
     """Stored-layout state dict -> an eval-mode DiT on `device` in `dtype`."""
     cfg = infer_config(sd, name)
     fused = fuse_state_dict(sd, cfg, name)

@@ -52,8 +52,10 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
 
     problem = encoder_folder_problem(folder)
     if problem is not None:
-        raise ValueError(f"{folder}: {problem}. Point the loader at a Cosmos-Reason1 (Qwen2.5-VL) folder under "
-                         "models/text_encoders/.")
+        raise ValueError(
+            f"{folder}: {problem}. Point the loader at a Cosmos-Reason1 (Qwen2.5-VL) folder under "
+            "models/text_encoders/."
+        )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
     return TextEncoder(model.eval().requires_grad_(False), tokenizer, folder, torch.device(device))
@@ -83,8 +85,7 @@ def encode_prompt(encoder: TextEncoder, prompt: str) -> torch.Tensor:
         model.to(encoder.device)
         # no attention_mask, on purpose; logits_to_keep=1: only hidden states are used, so the LM head
         # runs on one position instead of producing [512, vocab] logits (hidden states are unchanged)
-        out = model(input_ids=ids.to(encoder.device), output_hidden_states=True, use_cache=False,
-                    logits_to_keep=1)
+        out = model(input_ids=ids.to(encoder.device), output_hidden_states=True, use_cache=False, logits_to_keep=1)
         states = out.hidden_states[1:]  # drop the embedding output: layers 1..L
         return torch.cat([normalize_per_token(h).cpu() for h in states], dim=-1)
     finally:
@@ -97,16 +98,21 @@ def save_embedding(path: str, embedding: torch.Tensor, prompt: str) -> str:
     """Write `embedding` to `path` (callers choose a path that replaces nothing: safe_paths.write_output_file)."""
     from safetensors.torch import save_file
 
-    save_file({EMBEDDING_KEY: embedding.detach().float().contiguous().cpu()}, path,
-              metadata={"format": EMBEDDING_FORMAT, "prompt": prompt})
+    save_file(
+        {EMBEDDING_KEY: embedding.detach().float().contiguous().cpu()},
+        path,
+        metadata={"format": EMBEDDING_FORMAT, "prompt": prompt},
+    )
     return path
 
 
 def embedding_problem(path: str) -> str | None:
     """None when `path` holds an OmniDreams prompt embedding (header only), else why not."""
     if EMBEDDING_KEY not in safetensors_keys(path):
-        return (f"it holds no '{EMBEDDING_KEY}' tensor, so it is not an OmniDreams prompt embedding; make one "
-                "with OmniDreams Text Encode's save_as")
+        return (
+            f"it holds no '{EMBEDDING_KEY}' tensor, so it is not an OmniDreams prompt embedding; make one "
+            "with OmniDreams Text Encode's save_as"
+        )
     return None
 
 
@@ -115,9 +121,11 @@ def load_embedding(path: str) -> torch.Tensor:
     name = os.path.basename(path)
     sd = read_safetensors(path)
     if EMBEDDING_KEY not in sd:
-        raise ValueError(f"{name} holds no '{EMBEDDING_KEY}' tensor (keys: {', '.join(list(sd)[:5])}"
-                         f"{', ...' if len(sd) > 5 else ''}). Make it with the OmniDreams Text Encode node's "
-                         f"save_as option.")
+        raise ValueError(
+            f"{name} holds no '{EMBEDDING_KEY}' tensor (keys: {', '.join(list(sd)[:5])}"
+            f"{', ...' if len(sd) > 5 else ''}). Make it with the OmniDreams Text Encode node's "
+            f"save_as option."
+        )
     emb = sd[EMBEDDING_KEY]
     if emb.dim() == 2:
         emb = emb[None]

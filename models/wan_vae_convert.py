@@ -37,12 +37,40 @@ WAN21_CONFIG = {
     "temperal_downsample": [False, True, True],
     "dropout": 0.0,
     "latents_mean": [
-        -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-        0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+        -0.7571,
+        -0.7089,
+        -0.9113,
+        0.1075,
+        -0.1745,
+        0.9653,
+        -0.1517,
+        1.5508,
+        0.4134,
+        -0.0715,
+        0.5517,
+        -0.3632,
+        -0.1922,
+        -0.9497,
+        0.2503,
+        -0.2921,
     ],
     "latents_std": [
-        2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-        3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+        2.8184,
+        1.4541,
+        2.3275,
+        2.6558,
+        1.2196,
+        1.7708,
+        2.6052,
+        2.0743,
+        3.2687,
+        2.1526,
+        2.8652,
+        1.5579,
+        1.6382,
+        1.1253,
+        2.8251,
+        1.9160,
     ],
     "is_residual": False,
     "in_channels": 3,
@@ -60,20 +88,104 @@ WAN22_CONFIG = {
     "decoder_base_dim": 256,
     "z_dim": 48,
     "latents_mean": [
-        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
-        -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
-        -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
-        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
-        -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
-        0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+        -0.2289,
+        -0.0052,
+        -0.1323,
+        -0.2339,
+        -0.2799,
+        0.0174,
+        0.1838,
+        0.1557,
+        -0.1382,
+        0.0542,
+        0.2813,
+        0.0891,
+        0.1570,
+        -0.0098,
+        0.0375,
+        -0.1825,
+        -0.2246,
+        -0.1207,
+        -0.0698,
+        0.5109,
+        0.2665,
+        -0.2108,
+        -0.2158,
+        0.2502,
+        -0.2055,
+        -0.0322,
+        0.1109,
+        0.1567,
+        -0.0729,
+        0.0899,
+        -0.2799,
+        -0.1230,
+        -0.0313,
+        -0.1649,
+        0.0117,
+        0.0723,
+        -0.2839,
+        -0.2083,
+        -0.0520,
+        0.3748,
+        0.0152,
+        0.1957,
+        0.1433,
+        -0.2944,
+        0.3573,
+        -0.0548,
+        -0.1681,
+        -0.0667,
     ],
     "latents_std": [
-        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
-        0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
-        0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
-        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
-        0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
-        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+        0.4765,
+        1.0364,
+        0.4514,
+        1.1677,
+        0.5313,
+        0.4990,
+        0.4818,
+        0.5013,
+        0.8158,
+        1.0344,
+        0.5894,
+        1.0901,
+        0.6885,
+        0.6165,
+        0.8454,
+        0.4978,
+        0.5759,
+        0.3523,
+        0.7135,
+        0.6804,
+        0.5833,
+        1.4146,
+        0.8986,
+        0.5659,
+        0.7069,
+        0.5338,
+        0.4889,
+        0.4917,
+        0.4069,
+        0.4999,
+        0.6866,
+        0.4093,
+        0.5709,
+        0.6065,
+        0.6415,
+        0.4944,
+        0.5726,
+        1.2042,
+        0.5458,
+        1.6887,
+        0.3971,
+        1.0600,
+        0.3943,
+        0.5537,
+        0.5444,
+        0.4089,
+        0.7468,
+        0.7744,
     ],
     "is_residual": True,
     "in_channels": 12,
@@ -101,8 +213,7 @@ _WAN22_NESTED = re.compile(r"^decoder\.upsamples\.\d+\.upsamples\.\d+\.")
 def detect_wan_version(state_dict) -> str:
     """Return "2.1" or "2.2" from the key layout; raise WanVAEConversionError for anything else."""
     if _WAN_MARKER not in state_dict:
-        raise WanVAEConversionError(
-            f"not a Wan VAE state dict (no '{_WAN_MARKER}'); expected {EXPECTED_FILES}")
+        raise WanVAEConversionError(f"not a Wan VAE state dict (no '{_WAN_MARKER}'); expected {EXPECTED_FILES}")
     # 2.2 nests the decoder levels (decoder.upsamples.{i}.upsamples.{j}); 2.1 is flat.
     return "2.2" if any(_WAN22_NESTED.match(k) for k in state_dict) else "2.1"
 
@@ -122,7 +233,9 @@ def infer_wan_config(state_dict) -> dict:
     try:
         return _infer(state_dict, version)
     except KeyError as e:  # a truncated or edited file: name the tensor instead of a bare KeyError
-        raise WanVAEConversionError(f"Wan {version} VAE weights lack {e.args[0]!r}; expected {EXPECTED_FILES}") from None
+        raise WanVAEConversionError(
+            f"Wan {version} VAE weights lack {e.args[0]!r}; expected {EXPECTED_FILES}"
+        ) from None
 
 
 def _infer(sd, version: str) -> dict:
@@ -136,8 +249,7 @@ def _infer(sd, version: str) -> dict:
         last = levels[-1]  # the last level has no upsampler: only its resblocks
         num_res_blocks = len(_indices(sd, rf"^decoder\.upsamples\.{last}\.upsamples\.(\d+)\.residual\.")) - 1
         level_out = [sd[f"decoder.upsamples.{i}.upsamples.0.residual.2.weight"].shape[0] for i in levels]
-        t_up = [f"decoder.upsamples.{i}.upsamples.{num_res_blocks + 1}.time_conv.weight" in sd
-                for i in levels[:-1]]
+        t_up = [f"decoder.upsamples.{i}.upsamples.{num_res_blocks + 1}.time_conv.weight" in sd for i in levels[:-1]]
     else:
         # Flat: per level (num_res_blocks + 1) resblocks, then a Resample except after the last.
         resamples = _indices(sd, r"^decoder\.upsamples\.(\d+)\.resample\.")
@@ -190,7 +302,8 @@ def convert_wan21_to_diffusers(state_dict) -> dict:
     if cfg["num_res_blocks"] != 2 or len(cfg["dim_mult"]) != 4:
         raise WanVAEConversionError(
             f"Wan 2.1 VAE with num_res_blocks={cfg['num_res_blocks']}, {len(cfg['dim_mult'])} levels: "
-            "diffusers' converter supports only the released layout (2 res blocks, 4 levels)")
+            "diffusers' converter supports only the released layout (2 res blocks, 4 levels)"
+        )
     return convert_wan_vae_to_diffusers(dict(state_dict))
 
 
@@ -287,9 +400,11 @@ def _check_strict(model, converted: dict, version: str, config: dict, source: st
     expected = model.state_dict()
     missing = sorted(set(expected) - set(converted))
     unexpected = sorted(set(converted) - set(expected))
-    wrong_shape = [f"{k}: file {tuple(converted[k].shape)} vs model {tuple(expected[k].shape)}"
-                   for k in sorted(set(expected) & set(converted))
-                   if tuple(converted[k].shape) != tuple(expected[k].shape)]
+    wrong_shape = [
+        f"{k}: file {tuple(converted[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in sorted(set(expected) & set(converted))
+        if tuple(converted[k].shape) != tuple(expected[k].shape)
+    ]
     if not (missing or unexpected or wrong_shape):
         return
 
@@ -301,8 +416,11 @@ def _check_strict(model, converted: dict, version: str, config: dict, source: st
     raise WanVAEConversionError(
         f"{source} looks like a Wan {version} VAE ({geometry}) but does not load into diffusers' "
         "AutoencoderKLWan (keys in diffusers names):"
-        + show("missing", missing) + show("unexpected", unexpected) + show("wrong shape", wrong_shape)
-        + f"\nUse an unmodified {EXPECTED_FILES}.")
+        + show("missing", missing)
+        + show("unexpected", unexpected)
+        + show("wrong shape", wrong_shape)
+        + f"\nUse an unmodified {EXPECTED_FILES}."
+    )
 
 
 def build_diffusers_wan_vae(state_dict, dtype=None, device=None, source: str = "the Wan VAE weights"):
@@ -340,7 +458,9 @@ def _comfy_state_dict(vae):
 def _describe(vae) -> str:
     fsm = getattr(vae, "first_stage_model", None)
     cls = f"{type(fsm).__module__}.{type(fsm).__qualname__}" if fsm is not None else "no model"
-    return f"a {type(vae).__name__} with first_stage_model={cls}, latent_channels={getattr(vae, 'latent_channels', '?')}"
+    return (
+        f"a {type(vae).__name__} with first_stage_model={cls}, latent_channels={getattr(vae, 'latent_channels', '?')}"
+    )
 
 
 def diffusers_vae_from_comfy(vae, dtype=None, device=None):
@@ -354,7 +474,8 @@ def diffusers_vae_from_comfy(vae, dtype=None, device=None):
     if not sd or _WAN_MARKER not in sd:
         raise WanVAEConversionError(
             f"This node decodes Wan latents and needs a Wan VAE; got {_describe(vae)}. "
-            f"Load {EXPECTED_FILES} with Load VAE.")
+            f"Load {EXPECTED_FILES} with Load VAE."
+        )
     dtype = dtype or getattr(vae, "vae_dtype", None) or next(v.dtype for v in sd.values() if v.is_floating_point())
     device = torch.device(device or getattr(vae, "device", None) or next(iter(sd.values())).device)
     key = (dtype, str(device))

@@ -23,17 +23,38 @@ class OmniVideoAttention(io.ComfyNode):
             display_name="OmniVideo Attention",
             category="OmniVideo/attention",
             description="Attention backend for OmniVideo loaders/samplers and for Patch Model Attention. "
-                        "rainfusion = RainFusion 2.0 block-sparse attention over the video rows.",
+            "rainfusion = RainFusion 2.0 block-sparse attention over the video rows.",
             inputs=[
-                io.Combo.Input("backend", options=list(BACKENDS), default="auto",
-                               tooltip="auto: fastest exact backend on this machine; rainfusion: block-sparse"),
-                io.Float.Input("sparsity", default=0.8, min=0.0, max=MAX_SPARSITY, step=0.05,
-                               tooltip="fraction of key blocks skipped per query block (rainfusion only)"),
-                io.Int.Input("start_step", default=0, min=0, max=10000,
-                             tooltip="dense warm-up steps before sparse attention starts"),
+                io.Combo.Input(
+                    "backend",
+                    options=list(BACKENDS),
+                    default="auto",
+                    tooltip="auto: fastest exact backend on this machine; rainfusion: block-sparse",
+                ),
+                io.Float.Input(
+                    "sparsity",
+                    default=0.8,
+                    min=0.0,
+                    max=MAX_SPARSITY,
+                    step=0.05,
+                    tooltip="fraction of key blocks skipped per query block (rainfusion only)",
+                ),
+                io.Int.Input(
+                    "start_step",
+                    default=0,
+                    min=0,
+                    max=10000,
+                    tooltip="dense warm-up steps before sparse attention starts",
+                ),
                 io.String.Input("skip_layers", default="", tooltip='layers kept dense, e.g. "0-3,38"'),
-                io.Int.Input("block_size", default=128, min=16, max=512, step=16,
-                             tooltip="rows per block (128; Ascend NPU supports only 128)"),
+                io.Int.Input(
+                    "block_size",
+                    default=128,
+                    min=16,
+                    max=512,
+                    step=16,
+                    tooltip="rows per block (128; Ascend NPU supports only 128)",
+                ),
             ],
             outputs=[AttentionType.Output(display_name="attention")],
         )
@@ -55,8 +76,15 @@ class OmniVideoAttention(io.ComfyNode):
         problem = validate(backend, sparsity, start_step, skip_layers, block_size)
         if problem is not None:
             raise ValueError(f"OmniVideo Attention: {problem}")
-        return io.NodeOutput(AttentionConfig(backend=backend, sparsity=float(sparsity), start_step=int(start_step),
-                                             skip_layers=skip_layers, block_size=int(block_size)))
+        return io.NodeOutput(
+            AttentionConfig(
+                backend=backend,
+                sparsity=float(sparsity),
+                start_step=int(start_step),
+                skip_layers=skip_layers,
+                block_size=int(block_size),
+            )
+        )
 
 
 class OmniVideoPatchModelAttention(io.ComfyNode):
@@ -67,7 +95,7 @@ class OmniVideoPatchModelAttention(io.ComfyNode):
             display_name="OmniVideo Patch Model Attention",
             category="OmniVideo/attention",
             description="Route a native video MODEL's self-attention (Wan, Cosmos) through the OmniVideo attention "
-                        "backend. Cross-attention and unsupported calls keep ComfyUI's own attention.",
+            "backend. Cross-attention and unsupported calls keep ComfyUI's own attention.",
             inputs=[io.Model.Input("model"), AttentionType.Input("attention")],
             outputs=[io.Model.Output(display_name="model")],
         )

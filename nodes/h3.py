@@ -7,8 +7,16 @@ from .. import compat, safe_paths
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..models.h3_loader import folder_problem, load_h3
-from ..models.h3_text import (H3TextEncoder, embedding_problem, encode_prompt, encoder_folder_problem, load_embeddings,
-                              load_text_encoder, save_embeddings, vision_rows)
+from ..models.h3_text import (
+    H3TextEncoder,
+    embedding_problem,
+    encode_prompt,
+    encoder_folder_problem,
+    load_embeddings,
+    load_text_encoder,
+    save_embeddings,
+    vision_rows,
+)
 from ..models.handles import OmniVideoConditioning
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
@@ -34,8 +42,7 @@ def _encoder_folder(name: str) -> str:
 
 
 def _embedding_file(name: str) -> str:
-    return safe_paths.resolve_model_file("text_encoders", name, WEIGHT_EXTS, embedding_problem,
-                                         what="embedding_file")
+    return safe_paths.resolve_model_file("text_encoders", name, WEIGHT_EXTS, embedding_problem, what="embedding_file")
 
 
 def _check_family(obj, what: str) -> None:
@@ -59,14 +66,23 @@ class OmniVideoH3Loader(io.ComfyNode):
             ),
             inputs=[
                 io.Combo.Input("folder", options=safe_paths.list_model_folders("diffusers", folder_problem)),
-                io.Combo.Input("transformer_file", default=FROM_FOLDER,
-                               options=[FROM_FOLDER] + safe_paths.list_model_files("diffusion_models", WEIGHT_EXTS)),
+                io.Combo.Input(
+                    "transformer_file",
+                    default=FROM_FOLDER,
+                    options=[FROM_FOLDER] + safe_paths.list_model_files("diffusion_models", WEIGHT_EXTS),
+                ),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
-                AttentionType.Input("attention", optional=True,
-                                    tooltip="From OmniVideo Attention; unconnected = auto (fastest exact backend)."),
+                AttentionType.Input(
+                    "attention",
+                    optional=True,
+                    tooltip="From OmniVideo Attention; unconnected = auto (fastest exact backend).",
+                ),
             ],
-            outputs=[ModelType.Output(display_name="model"), H3VaeType.Output(display_name="vae"),
-                     H3AudioVaeType.Output(display_name="audio_vae")],
+            outputs=[
+                ModelType.Output(display_name="model"),
+                H3VaeType.Output(display_name="vae"),
+                H3AudioVaeType.Output(display_name="audio_vae"),
+            ],
         )
 
     @classmethod
@@ -76,8 +92,9 @@ class OmniVideoH3Loader(io.ComfyNode):
     @classmethod
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
         single = None if transformer_file in (None, "", FROM_FOLDER) else _transformer_file(transformer_file)
-        model, vae, audio_vae = load_h3(_h3_folder(folder), dtype, transformer_file=single,
-                                        device=PLATFORM.device, attention=attention)
+        model, vae, audio_vae = load_h3(
+            _h3_folder(folder), dtype, transformer_file=single, device=PLATFORM.device, attention=attention
+        )
         return io.NodeOutput(model, vae, audio_vae)
 
 
@@ -88,11 +105,14 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
             node_id="OmniVideoH3TextEncoderLoader",
             display_name="OmniVideo H3 Text Encoder Loader",
             category="OmniVideo/H3",
-            description=("Loads Qwen3-VL (H3's text encoder) from a Hugging Face folder under models/text_encoders, "
-                         "local files only. H3 conditions on hidden_states[layer] (50 for the released model)."),
+            description=(
+                "Loads Qwen3-VL (H3's text encoder) from a Hugging Face folder under models/text_encoders, "
+                "local files only. H3 conditions on hidden_states[layer] (50 for the released model)."
+            ),
             inputs=[
-                io.Combo.Input("folder", options=safe_paths.list_model_folders("text_encoders",
-                                                                               encoder_folder_problem)),
+                io.Combo.Input(
+                    "folder", options=safe_paths.list_model_folders("text_encoders", encoder_folder_problem)
+                ),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 io.Int.Input("layer", default=50, min=1, max=512, tooltip="hidden_states index H3 reads."),
             ],
@@ -115,10 +135,12 @@ class OmniVideoH3Keyframes(io.ComfyNode):
             node_id="OmniVideoH3Keyframes",
             display_name="OmniVideo H3 Keyframes",
             category="OmniVideo/H3",
-            description=("First and/or last frame for fl2va (image-to-video is a first frame alone). The first image "
-                         "is stretched onto width x height, a last image cover-cropped, each encoded as one frame with "
-                         "the H3 video VAE. Connect to H3 Text Encode (the keyframes are also shown to Qwen3-VL); "
-                         "use the same width/height on the sampler."),
+            description=(
+                "First and/or last frame for fl2va (image-to-video is a first frame alone). The first image "
+                "is stretched onto width x height, a last image cover-cropped, each encoded as one frame with "
+                "the H3 video VAE. Connect to H3 Text Encode (the keyframes are also shown to Qwen3-VL); "
+                "use the same width/height on the sampler."
+            ),
             inputs=[
                 H3VaeType.Input("vae"),
                 io.Int.Input("width", default=1344, min=32, max=8192, step=32),
@@ -164,15 +186,24 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default=""),
                 TextEncoderType.Input("text_encoder", optional=True),
                 KeyframesType.Input("keyframes", optional=True),
-                io.Combo.Input("embedding_file", options=[NO_EMBEDDING] + safe_paths.list_model_files(
-                    "text_encoders", WEIGHT_EXTS, embedding_problem), default=NO_EMBEDDING, optional=True,
-                               tooltip="A saved H3 embedding (.safetensors in models/text_encoders) to use instead "
-                                       "of the encoder; empty = run the encoder."),
-                io.String.Input("save_as", default="", optional=True,
-                                tooltip="File name under ComfyUI's output folder to save the embedding to "
-                                        "(.safetensors; an existing file is kept and a numbered name used "
-                                        "instead; move it to models/text_encoders to reuse it); "
-                                        "empty = do not save."),
+                io.Combo.Input(
+                    "embedding_file",
+                    options=[NO_EMBEDDING]
+                    + safe_paths.list_model_files("text_encoders", WEIGHT_EXTS, embedding_problem),
+                    default=NO_EMBEDDING,
+                    optional=True,
+                    tooltip="A saved H3 embedding (.safetensors in models/text_encoders) to use instead "
+                    "of the encoder; empty = run the encoder.",
+                ),
+                io.String.Input(
+                    "save_as",
+                    default="",
+                    optional=True,
+                    tooltip="File name under ComfyUI's output folder to save the embedding to "
+                    "(.safetensors; an existing file is kept and a numbered name used "
+                    "instead; move it to models/text_encoders to reuse it); "
+                    "empty = do not save.",
+                ),
             ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
@@ -182,8 +213,9 @@ class OmniVideoH3TextEncode(io.ComfyNode):
         return not embedding_file or safe_paths.problem_of(lambda: _embedding_file(embedding_file)) or True
 
     @classmethod
-    def execute(cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING,
-                save_as="") -> io.NodeOutput:
+    def execute(
+        cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING, save_as=""
+    ) -> io.NodeOutput:
         save = bool(save_as and save_as.strip())
         if save:
             safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
@@ -191,8 +223,10 @@ class OmniVideoH3TextEncode(io.ComfyNode):
             embeds, tags = load_embeddings(_embedding_file(embedding_file))
         else:
             if not isinstance(text_encoder, H3TextEncoder):
-                raise ValueError("OmniVideo H3 Text Encode needs a text_encoder from OmniVideo H3 Text Encoder Loader "
-                                 "(or an embedding_file).")
+                raise ValueError(
+                    "OmniVideo H3 Text Encode needs a text_encoder from OmniVideo H3 Text Encoder Loader "
+                    "(or an embedding_file)."
+                )
             images = keyframes["images"] if keyframes else []
             try:
                 embeds, tags = encode_prompt(text_encoder, prompt, images, device=PLATFORM.device)
@@ -200,12 +234,15 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 text_encoder.model.to("cpu")  # the 32B encoder must not stay beside the transformer
                 compat.free_memory()
         if keyframes and vision_rows(tags) == 0:
-            raise ValueError(f"{embedding_file or 'the embedding'} was made without keyframes; re-encode the prompt "
-                             "with the keyframes connected.")
+            raise ValueError(
+                f"{embedding_file or 'the embedding'} was made without keyframes; re-encode the prompt "
+                "with the keyframes connected."
+            )
         if save:
             count = len(keyframes["anchors"]) if keyframes else 0
-            path = safe_paths.write_output_file(save_as, ".safetensors",
-                                                lambda tmp: save_embeddings(tmp, embeds, tags, keyframes=count))
+            path = safe_paths.write_output_file(
+                save_as, ".safetensors", lambda tmp: save_embeddings(tmp, embeds, tags, keyframes=count)
+            )
             compat.log.info("OmniVideo H3: saved the prompt embedding to %s", path)
         extras = {"text_token_tags": tags}
         if keyframes:
@@ -220,9 +257,11 @@ class OmniVideoH3Decode(io.ComfyNode):
             node_id="OmniVideoH3Decode",
             display_name="OmniVideo H3 Decode",
             category="OmniVideo/H3",
-            description=("Decodes an H3 LATENT: video with the H3 video VAE (tiled, as diffusers by default) to IMAGE "
-                         "frames at 24 fps, audio with the fp32 audio VAE to AUDIO (stereo, 32 kHz). Connect both to "
-                         "core CreateVideo (fps 24) and SaveVideo."),
+            description=(
+                "Decodes an H3 LATENT: video with the H3 video VAE (tiled, as diffusers by default) to IMAGE "
+                "frames at 24 fps, audio with the fp32 audio VAE to AUDIO (stereo, 32 kHz). Connect both to "
+                "core CreateVideo (fps 24) and SaveVideo."
+            ),
             inputs=[H3VaeType.Input("vae"), H3AudioVaeType.Input("audio_vae"), io.Latent.Input("samples")],
             outputs=[io.Image.Output(display_name="images"), io.Audio.Output(display_name="audio")],
         )
@@ -235,5 +274,10 @@ class OmniVideoH3Decode(io.ComfyNode):
         return io.NodeOutput(frames, audio)
 
 
-NODES = [OmniVideoH3Loader, OmniVideoH3TextEncoderLoader, OmniVideoH3Keyframes, OmniVideoH3TextEncode,
-         OmniVideoH3Decode]
+NODES = [
+    OmniVideoH3Loader,
+    OmniVideoH3TextEncoderLoader,
+    OmniVideoH3Keyframes,
+    OmniVideoH3TextEncode,
+    OmniVideoH3Decode,
+]

@@ -8,8 +8,15 @@ from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..models.handles import OmniVideoConditioning, OmniVideoModel
 from ..models.omnidreams_loader import load_omnidreams
-from ..models.omnidreams_text import (TextEncoder, embedding_problem, encode_prompt, encoder_folder_problem,
-                                      load_embedding, load_text_encoder, save_embedding)
+from ..models.omnidreams_text import (
+    TextEncoder,
+    embedding_problem,
+    encode_prompt,
+    encoder_folder_problem,
+    load_embedding,
+    load_text_encoder,
+    save_embedding,
+)
 from ..pipelines.omnidreams import ARSettings, check_wan21_vae, encode_first_frame, encode_hdmap
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
@@ -32,8 +39,10 @@ def _embedding(name: str) -> str:
 
 def _check_family(conditioning) -> None:
     if conditioning.family != FAMILY:
-        raise ValueError(f"this conditioning is for {conditioning.family}; OmniDreams nodes need OmniDreams "
-                         f"conditioning (OmniDreams Text Encode or Load Text Embedding)")
+        raise ValueError(
+            f"this conditioning is for {conditioning.family}; OmniDreams nodes need OmniDreams "
+            f"conditioning (OmniDreams Text Encode or Load Text Embedding)"
+        )
 
 
 class OmniDreamsModelLoader(io.ComfyNode):
@@ -54,8 +63,11 @@ class OmniDreamsModelLoader(io.ComfyNode):
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
                 io.Int.Input("window_frames", default=6, min=2, max=64, step=2),
                 io.Int.Input("sink_frames", default=0, min=0, max=62, step=2),
-                AttentionType.Input("attention", optional=True,
-                                    tooltip="From OmniVideo Attention; unconnected = the fastest exact backend (auto)."),
+                AttentionType.Input(
+                    "attention",
+                    optional=True,
+                    tooltip="From OmniVideo Attention; unconnected = the fastest exact backend (auto).",
+                ),
             ],
             outputs=[ModelType.Output(display_name="model")],
         )
@@ -71,9 +83,14 @@ class OmniDreamsModelLoader(io.ComfyNode):
         device = PLATFORM.device
         torch_dtype = resolve_dtype(dtype, device)
         dit = load_omnidreams(path, torch_dtype, device)
-        model = OmniVideoModel(FAMILY, dit, torch_dtype, device, attention,
-                               extras={"config": dit.config,
-                                       "ar": {"window_frames": window_frames, "sink_frames": sink_frames}})
+        model = OmniVideoModel(
+            FAMILY,
+            dit,
+            torch_dtype,
+            device,
+            attention,
+            extras={"config": dit.config, "ar": {"window_frames": window_frames, "sink_frames": sink_frames}},
+        )
         return io.NodeOutput(model)
 
 
@@ -84,12 +101,15 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
             node_id="OmniDreamsTextEncoderLoader",
             display_name="OmniDreams Text Encoder Loader",
             category="OmniVideo/OmniDreams",
-            description=("Loads Cosmos-Reason1 (Qwen2.5-VL, 7B) from a folder under models/text_encoders "
-                         "(config.json, weights, tokenizer files). Heavy: precompute embeddings once and use "
-                         "OmniDreams Load Text Embedding when memory is short."),
+            description=(
+                "Loads Cosmos-Reason1 (Qwen2.5-VL, 7B) from a folder under models/text_encoders "
+                "(config.json, weights, tokenizer files). Heavy: precompute embeddings once and use "
+                "OmniDreams Load Text Embedding when memory is short."
+            ),
             inputs=[
-                io.Combo.Input("folder", options=safe_paths.list_model_folders("text_encoders",
-                                                                               encoder_folder_problem)),
+                io.Combo.Input(
+                    "folder", options=safe_paths.list_model_folders("text_encoders", encoder_folder_problem)
+                ),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
             ],
             outputs=[TextEncoderType.Output(display_name="text_encoder")],
@@ -113,10 +133,12 @@ class OmniDreamsTextEncode(io.ComfyNode):
             node_id="OmniDreamsTextEncode",
             display_name="OmniDreams Text Encode",
             category="OmniVideo/OmniDreams",
-            description=("Cosmos-Reason1 'full_concat' prompt embedding [1, 512, 100352]. save_as: if set, also "
-                         "writes it as .safetensors under ComfyUI's output folder (absolute paths and '..' are "
-                         "refused; an existing file is kept and a numbered name used instead); move it to "
-                         "models/text_encoders for OmniDreams Load Text Embedding."),
+            description=(
+                "Cosmos-Reason1 'full_concat' prompt embedding [1, 512, 100352]. save_as: if set, also "
+                "writes it as .safetensors under ComfyUI's output folder (absolute paths and '..' are "
+                "refused; an existing file is kept and a numbered name used instead); move it to "
+                "models/text_encoders for OmniDreams Load Text Embedding."
+            ),
             inputs=[
                 TextEncoderType.Input("text_encoder"),
                 io.String.Input("prompt", multiline=True, default=""),
@@ -134,15 +156,18 @@ class OmniDreamsTextEncode(io.ComfyNode):
     @classmethod
     def execute(cls, text_encoder, prompt, save_as="") -> io.NodeOutput:
         if not isinstance(text_encoder, TextEncoder):
-            raise ValueError("OmniDreams Text Encode needs the OmniDreams Text Encoder Loader's output "
-                             f"(Cosmos-Reason1), got {type(text_encoder).__name__}")
+            raise ValueError(
+                "OmniDreams Text Encode needs the OmniDreams Text Encoder Loader's output "
+                f"(Cosmos-Reason1), got {type(text_encoder).__name__}"
+            )
         save = bool(save_as and save_as.strip())
         if save:
             safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
         embedding = encode_prompt(text_encoder, prompt)
         if save:
-            path = safe_paths.write_output_file(save_as, ".safetensors",
-                                                lambda tmp: save_embedding(tmp, embedding, prompt))
+            path = safe_paths.write_output_file(
+                save_as, ".safetensors", lambda tmp: save_embedding(tmp, embedding, prompt)
+            )
             compat.log.info("OmniDreams: saved the prompt embedding to %s", path)
         return io.NodeOutput(OmniVideoConditioning(FAMILY, embedding))
 
@@ -154,10 +179,15 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
             node_id="OmniDreamsLoadTextEmbedding",
             display_name="OmniDreams Load Text Embedding",
             category="OmniVideo/OmniDreams",
-            description=("A precomputed prompt embedding (.safetensors from OmniDreams Text Encode's save_as) "
-                         "from models/text_encoders, instead of running the 7B encoder."),
-            inputs=[io.Combo.Input("embedding", options=safe_paths.list_model_files("text_encoders", EMBEDDING_EXTS,
-                                                                                     embedding_problem))],
+            description=(
+                "A precomputed prompt embedding (.safetensors from OmniDreams Text Encode's save_as) "
+                "from models/text_encoders, instead of running the 7B encoder."
+            ),
+            inputs=[
+                io.Combo.Input(
+                    "embedding", options=safe_paths.list_model_files("text_encoders", EMBEDDING_EXTS, embedding_problem)
+                )
+            ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
 
@@ -171,8 +201,10 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
 
 
 def _size_inputs() -> list:
-    return [io.Int.Input("width", default=1280, min=16, max=8192, step=16),
-            io.Int.Input("height", default=704, min=16, max=8192, step=16)]
+    return [
+        io.Int.Input("width", default=1280, min=16, max=8192, step=16),
+        io.Int.Input("height", default=704, min=16, max=8192, step=16),
+    ]
 
 
 class OmniDreamsEncodeFirstFrame(io.ComfyNode):
@@ -182,11 +214,17 @@ class OmniDreamsEncodeFirstFrame(io.ComfyNode):
             node_id="OmniDreamsEncodeFirstFrame",
             display_name="OmniDreams Encode First Frame",
             category="OmniVideo/OmniDreams",
-            description=("Resizes the first image (no crop) to width x height, encodes it with the Wan 2.1 VAE "
-                         "(posterior mean, normalised) and attaches it: the video starts from this frame and its "
-                         "size fixes the output size. Native size 1280x704."),
-            inputs=[ConditioningType.Input("conditioning"), io.Vae.Input("vae"), io.Image.Input("image"),
-                    *_size_inputs()],
+            description=(
+                "Resizes the first image (no crop) to width x height, encodes it with the Wan 2.1 VAE "
+                "(posterior mean, normalised) and attaches it: the video starts from this frame and its "
+                "size fixes the output size. Native size 1280x704."
+            ),
+            inputs=[
+                ConditioningType.Input("conditioning"),
+                io.Vae.Input("vae"),
+                io.Image.Input("image"),
+                *_size_inputs(),
+            ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
 
@@ -204,12 +242,18 @@ class OmniDreamsEncodeHDMap(io.ComfyNode):
             node_id="OmniDreamsEncodeHDMap",
             display_name="OmniDreams Encode HD-Map",
             category="OmniVideo/OmniDreams",
-            description=("Optional. Encodes an HD-map video (IMAGE frames, resized to width x height) with the Wan "
-                         "2.1 VAE in one causal pass; chunk 0 uses frames [0,5), each later chunk the next 8. "
-                         "Needs at least as many frames as the video. Without this node the HD-map input is "
-                         "zeros (plain image-to-video)."),
-            inputs=[ConditioningType.Input("conditioning"), io.Vae.Input("vae"), io.Image.Input("hdmap"),
-                    *_size_inputs()],
+            description=(
+                "Optional. Encodes an HD-map video (IMAGE frames, resized to width x height) with the Wan "
+                "2.1 VAE in one causal pass; chunk 0 uses frames [0,5), each later chunk the next 8. "
+                "Needs at least as many frames as the video. Without this node the HD-map input is "
+                "zeros (plain image-to-video)."
+            ),
+            inputs=[
+                ConditioningType.Input("conditioning"),
+                io.Vae.Input("vae"),
+                io.Image.Input("hdmap"),
+                *_size_inputs(),
+            ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
 
@@ -220,5 +264,11 @@ class OmniDreamsEncodeHDMap(io.ComfyNode):
         return io.NodeOutput(conditioning.with_extras(hdmap=encode_hdmap(vae, hdmap, width, height)))
 
 
-NODES = [OmniDreamsModelLoader, OmniDreamsTextEncoderLoader, OmniDreamsTextEncode, OmniDreamsLoadTextEmbedding,
-         OmniDreamsEncodeFirstFrame, OmniDreamsEncodeHDMap]
+NODES = [
+    OmniDreamsModelLoader,
+    OmniDreamsTextEncoderLoader,
+    OmniDreamsTextEncode,
+    OmniDreamsLoadTextEmbedding,
+    OmniDreamsEncodeFirstFrame,
+    OmniDreamsEncodeHDMap,
+]

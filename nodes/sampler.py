@@ -45,14 +45,30 @@ class OmniVideoSampler(io.ComfyNode):
                 ModelType.Input("model"),
                 ConditioningType.Input("conditioning"),
                 io.Int.Input("seed", default=42, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-                io.Int.Input("frames", default=61, min=1, max=MAX_FRAMES,
-                             tooltip=f"Pixel frames to generate (at most {MAX_FRAMES}: the whole video is held in "
-                                     "memory)."),
+                io.Int.Input(
+                    "frames",
+                    default=61,
+                    min=1,
+                    max=MAX_FRAMES,
+                    tooltip=f"Pixel frames to generate (at most {MAX_FRAMES}: the whole video is held in memory).",
+                ),
                 io.Int.Input("steps", default=0, min=0, max=200, tooltip="0 = the family's default."),
-                io.Int.Input("width", default=1280, min=16, max=8192, step=16,
-                             tooltip="Used when no image conditioning fixes the size."),
-                io.Int.Input("height", default=704, min=16, max=8192, step=16,
-                             tooltip="Used when no image conditioning fixes the size."),
+                io.Int.Input(
+                    "width",
+                    default=1280,
+                    min=16,
+                    max=8192,
+                    step=16,
+                    tooltip="Used when no image conditioning fixes the size.",
+                ),
+                io.Int.Input(
+                    "height",
+                    default=704,
+                    min=16,
+                    max=8192,
+                    step=16,
+                    tooltip="Used when no image conditioning fixes the size.",
+                ),
             ],
             outputs=[io.Latent.Output(display_name="LATENT")],
         )
@@ -63,9 +79,19 @@ class OmniVideoSampler(io.ComfyNode):
         if width % 16 or height % 16:
             raise ValueError(f"width and height must be multiples of 16, got {width}x{height}")
         if model.family != conditioning.family:
-            raise ValueError(f"the model is {model.family} but the conditioning was made for {conditioning.family}: "
-                             f"use that family's text encode node")
+            raise ValueError(
+                f"the model is {model.family} but the conditioning was made for {conditioning.family}: "
+                f"use that family's text encode node"
+            )
         sample = sampler_for(model.family)
-        latent = sample(model, conditioning, seed=seed, frames=frames, steps=steps, width=width, height=height,
-                        progress=compat.ProgressBar)
+        latent = sample(
+            model,
+            conditioning,
+            seed=seed,
+            frames=frames,
+            steps=steps,
+            width=width,
+            height=height,
+            progress=compat.ProgressBar,
+        )
         return io.NodeOutput(latent)

@@ -47,27 +47,32 @@ def parse_skip_layers(text: str) -> LayerRanges:
     """ "0-3,38" -> ranges (0, 3), (38, 38). Raises ValueError with the offending piece."""
     text = text or ""
     if len(text) > MAX_SKIP_LAYERS_CHARS:
-        raise ValueError(f"skip_layers is {len(text)} characters long; at most {MAX_SKIP_LAYERS_CHARS} "
-                         "(write ranges such as \"0-3,38\")")
+        raise ValueError(
+            f"skip_layers is {len(text)} characters long; at most {MAX_SKIP_LAYERS_CHARS} "
+            '(write ranges such as "0-3,38")'
+        )
     ranges = []
     for piece in (p.strip() for p in text.split(",")):
         if not piece:
             continue
         m = re.fullmatch(r"(\d+)\s*(?:-\s*(\d+))?", piece)
         if m is None:
-            raise ValueError(f"skip_layers: {piece!r} is not a layer index or range; use e.g. \"0-3,38\"")
+            raise ValueError(f'skip_layers: {piece!r} is not a layer index or range; use e.g. "0-3,38"')
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise ValueError(f"skip_layers: range {piece!r} runs backwards; write it as {hi}-{lo}")
         if hi > MAX_LAYER:
-            raise ValueError(f"skip_layers: layer {hi} in {piece!r} is beyond {MAX_LAYER}; layers are block indices "
-                             "(0 = the first block)")
+            raise ValueError(
+                f"skip_layers: layer {hi} in {piece!r} is beyond {MAX_LAYER}; layers are block indices "
+                "(0 = the first block)"
+            )
         ranges.append((lo, hi))
     return LayerRanges(tuple(sorted(ranges)))
 
 
-def validate(backend: str, sparsity: float, start_step: int, skip_layers: str, block_size: int,
-             platform: Platform | None = None) -> str | None:
+def validate(
+    backend: str, sparsity: float, start_step: int, skip_layers: str, block_size: int, platform: Platform | None = None
+) -> str | None:
     """None when the settings are usable, else a message saying what to change."""
     platform = platform or PLATFORM
     if backend not in BACKENDS and backend not in SPARSE:
@@ -121,8 +126,10 @@ def normalize_config(config) -> AttentionConfig:
         return config
     if isinstance(config, dict):
         return AttentionConfig(**config)
-    raise TypeError(f"attention config must be an OMNIVIDEO_ATTENTION (AttentionConfig), a dict or None, "
-                    f"got {type(config).__name__}")
+    raise TypeError(
+        f"attention config must be an OMNIVIDEO_ATTENTION (AttentionConfig), a dict or None, "
+        f"got {type(config).__name__}"
+    )
 
 
 @dataclass
@@ -142,8 +149,10 @@ class AttentionStats:
     def summary(self) -> str:
         real = self.realized_sparsity
         dense = ", ".join(f"{k}: {n}" for k, n in sorted(self.dense_calls.items())) or "none"
-        return (f"sparse calls {self.sparse_calls} via {dict(self.impls)}; nominal sparsity "
-                f"{self.nominal_sparsity}, realized {'n/a' if real is None else f'{real:.3f}'}; dense calls {dense}")
+        return (
+            f"sparse calls {self.sparse_calls} via {dict(self.impls)}; nominal sparsity "
+            f"{self.nominal_sparsity}, realized {'n/a' if real is None else f'{real:.3f}'}; dense calls {dense}"
+        )
 
 
 _logged: set[str] = set()
@@ -155,8 +164,9 @@ def log_dense_once(key: str, message: str) -> None:
         log.info("omnivideo attention: dense (%s) - %s", key, message)
 
 
-def dense_reason(config: AttentionConfig, q, k, layout: AttnLayout | None, step: int | None,
-                 layer: int | None) -> tuple[str, str] | None:
+def dense_reason(
+    config: AttentionConfig, q, k, layout: AttnLayout | None, step: int | None, layer: int | None
+) -> tuple[str, str] | None:
     """(key, message) when this call must stay dense, else None."""
     b, s = q.shape[:2]
     if k.shape[:2] != q.shape[:2]:
@@ -173,9 +183,12 @@ def dense_reason(config: AttentionConfig, q, k, layout: AttnLayout | None, step:
         return "layout inconsistent", f"grid {layout.grid} / prefix {layout.prefix_len} is not a video layout"
     real = layout.real_len(s)
     if layout.prefix_len + layout.video_len != real or real > s:
-        return ("layout inconsistent", f"prefix {layout.prefix_len} + video {layout.grid} = "
-                f"{layout.prefix_len + layout.video_len} rows, but the real sequence has {real}: the video must "
-                f"be the tail of the real rows")
+        return (
+            "layout inconsistent",
+            f"prefix {layout.prefix_len} + video {layout.grid} = "
+            f"{layout.prefix_len + layout.video_len} rows, but the real sequence has {real}: the video must "
+            f"be the tail of the real rows",
+        )
     blocks = math.ceil(layout.video_len / config.block_size)
     if blocks < config.min_video_blocks:
         return "short video", f"{blocks} video blocks < {config.min_video_blocks}"
@@ -202,15 +215,26 @@ def sparse_backend(config: AttentionConfig, platform: Platform | None = None):
     return _impl(requested, False, platform)
 
 
-def attention(q, k, v, config: AttentionConfig | dict | None = None, *, scale: float | None = None,
-              layout: AttnLayout | None = None, step: int | None = None, layer: int | None = None,
-              stats: AttentionStats | None = None, platform: Platform | None = None):
+def attention(
+    q,
+    k,
+    v,
+    config: AttentionConfig | dict | None = None,
+    *,
+    scale: float | None = None,
+    layout: AttnLayout | None = None,
+    step: int | None = None,
+    layer: int | None = None,
+    stats: AttentionStats | None = None,
+    platform: Platform | None = None,
+):
     """Attention over [B, S, H, D] q, k, v through the registry; returns [B, S, H, D].
 
     `config`: see `normalize_config` (None = backend "auto", the registry's exact default)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"attention expects q, k, v as [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+        raise ValueError(
+            f"attention expects q, k, v as [B, S, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     config = normalize_config(config)
     if not config.is_sparse:
         _, fn = dense_backend(config, platform)
@@ -231,11 +255,20 @@ def attention(q, k, v, config: AttentionConfig | dict | None = None, *, scale: f
     info: dict = {}
     if real < s:  # packed [real | pad], batch 1: attend the real rows only, padding rows are never read
         out = q.new_zeros(q.shape)
-        out[:, :real] = fn(q[:, :real], k[:, :real], v[:, :real], scale=scale, layout=run_layout,
-                           sparsity=config.sparsity, block_size=config.block_size, stats=info)
+        out[:, :real] = fn(
+            q[:, :real],
+            k[:, :real],
+            v[:, :real],
+            scale=scale,
+            layout=run_layout,
+            sparsity=config.sparsity,
+            block_size=config.block_size,
+            stats=info,
+        )
     else:
-        out = fn(q, k, v, scale=scale, layout=run_layout, sparsity=config.sparsity, block_size=config.block_size,
-                 stats=info)
+        out = fn(
+            q, k, v, scale=scale, layout=run_layout, sparsity=config.sparsity, block_size=config.block_size, stats=info
+        )
     if stats is not None:
         stats.sparse_calls += 1
         stats.impls[name] += 1

@@ -106,8 +106,7 @@ class NativeAttentionPatch:
             self.stats.dense_calls[why[0]] += 1
             return original(*args, **kwargs)
 
-        out = attention(q4, k4, v4, self.config, scale=d ** -0.5, layout=layout, step=step, layer=layer,
-                        stats=self.stats)
+        out = attention(q4, k4, v4, self.config, scale=d**-0.5, layout=layout, step=step, layer=layer, stats=self.stats)
         if call.get("skip_output_reshape", False):
             return out.transpose(1, 2)
         return out.reshape(b, s, h * d)

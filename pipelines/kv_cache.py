@@ -14,8 +14,19 @@ import torch
 
 
 class RollingKVCache:
-    def __init__(self, *, num_blocks: int, chunk_tokens: int, window_chunks: int, sink_chunks: int = 0,
-                 heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, batch: int = 1):
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        chunk_tokens: int,
+        window_chunks: int,
+        sink_chunks: int = 0,
+        heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        batch: int = 1,
+    ):
         if window_chunks < 1 or sink_chunks < 0:
             raise ValueError(f"window_chunks must be >= 1 and sink_chunks >= 0, got {window_chunks}, {sink_chunks}")
         self.chunk_tokens, self.sink_chunks, self.window_chunks = chunk_tokens, sink_chunks, window_chunks
@@ -35,7 +46,7 @@ class RollingKVCache:
             n = self.chunk_tokens
             for buf in (*self.k, *self.v):  # drop the oldest window chunk; sink slots stay
                 for s in range(self.sink_chunks, self.slots - 1):  # slot by slot: no overlap, no temporary
-                    buf[:, s * n:(s + 1) * n].copy_(buf[:, (s + 1) * n:(s + 2) * n])
+                    buf[:, s * n : (s + 1) * n].copy_(buf[:, (s + 1) * n : (s + 2) * n])
             self.slot = self.slots - 1
         return self.slot
 
@@ -50,14 +61,14 @@ class RollingKVCache:
         if k.shape[1] != self.chunk_tokens:
             raise ValueError(f"chunk has {k.shape[1]} tokens, cache slots hold {self.chunk_tokens}")
         lo = self.slot * self.chunk_tokens
-        self.k[block][:, lo:lo + self.chunk_tokens] = k
-        self.v[block][:, lo:lo + self.chunk_tokens] = v
+        self.k[block][:, lo : lo + self.chunk_tokens] = k
+        self.v[block][:, lo : lo + self.chunk_tokens] = v
         end = self.visible_tokens
         return self.k[block][:, :end], self.v[block][:, :end]
 
     def slot_kv(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo = slot * self.chunk_tokens
-        return self.k[block][:, lo:lo + self.chunk_tokens], self.v[block][:, lo:lo + self.chunk_tokens]
+        return self.k[block][:, lo : lo + self.chunk_tokens], self.v[block][:, lo : lo + self.chunk_tokens]
 
     @property
     def nbytes(self) -> int:

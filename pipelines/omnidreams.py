@@ -13,8 +13,8 @@ attends to: the video sharpens at frame 0 and blurs afterwards.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -112,12 +112,22 @@ def _pin(x: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Te
 
 
 @torch.no_grad()
-def rollout(model: OmniDreamsDiT, text: torch.Tensor, *, num_chunks: int, latent_hw: tuple[int, int],
-            seed: int, first_frame: torch.Tensor | None = None, hdmap: torch.Tensor | None = None,
-            settings: ARSettings = ARSettings(), attention_config: dict | None = None,
-            progress=None, cache_factory: Callable[..., object] | None = None,
-            observer: Callable[[int, object], None] | None = None,
-            reinject_context: bool = True) -> torch.Tensor:
+def rollout(
+    model: OmniDreamsDiT,
+    text: torch.Tensor,
+    *,
+    num_chunks: int,
+    latent_hw: tuple[int, int],
+    seed: int,
+    first_frame: torch.Tensor | None = None,
+    hdmap: torch.Tensor | None = None,
+    settings: ARSettings = ARSettings(),
+    attention_config: dict | None = None,
+    progress=None,
+    cache_factory: Callable[..., object] | None = None,
+    observer: Callable[[int, object], None] | None = None,
+    reinject_context: bool = True,
+) -> torch.Tensor:
     """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
 
     first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
@@ -133,8 +143,16 @@ def rollout(model: OmniDreamsDiT, text: torch.Tensor, *, num_chunks: int, latent
     p = cfg.patch_spatial
     chunk_tokens = lt // cfg.patch_temporal * (h // p) * (w // p)
     make_cache = cache_factory or RollingKVCache
-    cache = make_cache(num_blocks=cfg.num_blocks, chunk_tokens=chunk_tokens, window_chunks=window, sink_chunks=sink,
-                       heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=model.dtype, device=dev)
+    cache = make_cache(
+        num_blocks=cfg.num_blocks,
+        chunk_tokens=chunk_tokens,
+        window_chunks=window,
+        sink_chunks=sink,
+        heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        dtype=model.dtype,
+        device=dev,
+    )
     gen = torch.Generator("cpu").manual_seed(int(seed))
     shape = (1, cfg.in_channels, lt, h, w)
 
@@ -152,13 +170,21 @@ def rollout(model: OmniDreamsDiT, text: torch.Tensor, *, num_chunks: int, latent
     try:
         for k in range(num_chunks):
             pin = k == 0 and image is not None
-            hd = hdmap[:, :, k * lt:(k + 1) * lt].to(dev) if hdmap is not None else None
+            hd = hdmap[:, :, k * lt : (k + 1) * lt].to(dev) if hdmap is not None else None
             cache.begin_chunk()
 
             def dit(x: torch.Tensor, t: float) -> torch.Tensor:
                 compat.check_interrupt()
-                return model(x, t, cross, cond_mask=inject if pin else None, hdmap=hd, t_offset=k * lt,
-                             kv_cache=cache, attention_config=attention_config)
+                return model(
+                    x,
+                    t,
+                    cross,
+                    cond_mask=inject if pin else None,
+                    hdmap=hd,
+                    t_offset=k * lt,
+                    kv_cache=cache,
+                    attention_config=attention_config,
+                )
 
             x = randn()  # draw 1
             x0 = None
@@ -174,7 +200,7 @@ def rollout(model: OmniDreamsDiT, text: torch.Tensor, *, num_chunks: int, latent
             if pin and reinject_context:
                 xc = _pin(xc, image, inject)  # before the K/V write: the cache must hold clean frame 0
             dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
-            out[:, :, k * lt:(k + 1) * lt] = x0
+            out[:, :, k * lt : (k + 1) * lt] = x0
             if observer is not None:
                 observer(k, cache)
             if progress is not None:
@@ -206,16 +232,20 @@ def check_wan21_vae(vae) -> None:
     channels, dims = getattr(vae, "latent_channels", None), getattr(vae, "latent_dim", None)
     network = type(getattr(vae, "first_stage_model", None)).__name__
     if channels != len(LATENT_MEAN) or dims != 3 or network not in ("WanVAE", "NoneType"):
-        raise ValueError(f"OmniDreams needs the Wan 2.1 VAE (16-channel video latents); this VAE is {network} with "
-                         f"{channels} latent channels over {dims} dimensions. Load wan_2.1_vae.safetensors with Load VAE.")
+        raise ValueError(
+            f"OmniDreams needs the Wan 2.1 VAE (16-channel video latents); this VAE is {network} with "
+            f"{channels} latent channels over {dims} dimensions. Load wan_2.1_vae.safetensors with Load VAE."
+        )
 
 
 def _vae_encode(vae, pixels: torch.Tensor) -> torch.Tensor:
     """ComfyUI's VAE.encode: IMAGE in [0,1] (it scales to [-1,1] itself) -> raw posterior mean."""
     mu = vae.encode(pixels)
     if mu.dim() != 5 or mu.shape[1] != len(LATENT_MEAN):
-        raise ValueError(f"the VAE returned a latent of shape {tuple(mu.shape)}; OmniDreams needs the Wan 2.1 VAE "
-                         f"(16 latent channels, e.g. wan_2.1_vae.safetensors)")
+        raise ValueError(
+            f"the VAE returned a latent of shape {tuple(mu.shape)}; OmniDreams needs the Wan 2.1 VAE "
+            f"(16 latent channels, e.g. wan_2.1_vae.safetensors)"
+        )
     return mu
 
 
@@ -239,8 +269,7 @@ def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Te
 # ---------------------------------------------------------------------------- sampler entry
 
 
-def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int,
-           progress=None) -> dict:
+def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int, progress=None) -> dict:
     """OmniVideo Sampler entry for family 'omnidreams'. Returns a LATENT dict in raw Wan 2.1 space.
 
     frames: pixel frames wanted; rounded up to 8N - 3 (N chunks of 2 latent frames).
@@ -248,8 +277,9 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
     progress: a callable total -> object with update(n) (compat.ProgressBar).
     """
     if steps not in (0, DEFAULT_STEPS):
-        raise ValueError(f"OmniDreams is distilled for {DEFAULT_STEPS} steps; set steps to 0 (default) or 2, "
-                         f"not {steps}")
+        raise ValueError(
+            f"OmniDreams is distilled for {DEFAULT_STEPS} steps; set steps to 0 (default) or 2, not {steps}"
+        )
     dit = model.transformer
     extras = conditioning.extras
     first = extras.get("first_frame")
@@ -262,23 +292,38 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
     settings = ARSettings(**model.extras.get("ar", {}))
     n = num_chunks_for_frames(frames, settings.len_t)
     if pixel_frames(n, settings.len_t) != frames:
-        compat.log.info("OmniDreams: %d frames rounded up to %d (%d chunks)", frames,
-                        pixel_frames(n, settings.len_t), n)
+        compat.log.info(
+            "OmniDreams: %d frames rounded up to %d (%d chunks)", frames, pixel_frames(n, settings.len_t), n
+        )
     text = conditioning.text
     if text.dim() != 3 or text.shape[-1] != dit.config.text_in_dim:
-        raise ValueError(f"text embedding has shape {tuple(text.shape)}; this model needs [1, 512, "
-                         f"{dit.config.text_in_dim}] (Cosmos-Reason1 full_concat)")
+        raise ValueError(
+            f"text embedding has shape {tuple(text.shape)}; this model needs [1, 512, "
+            f"{dit.config.text_in_dim}] (Cosmos-Reason1 full_concat)"
+        )
     hdmap = extras.get("hdmap")
     if hdmap is not None:
         need = settings.len_t * n
         if tuple(hdmap.shape[-2:]) != (h, w) or hdmap.shape[2] < need:
-            raise ValueError(f"HD-map latent {tuple(hdmap.shape)} does not cover {need} latent frames at "
-                             f"{h}x{w}: give at least {pixel_frames(n, settings.len_t)} HD-map frames at "
-                             f"{w * VAE_SPATIAL}x{h * VAE_SPATIAL}")
+            raise ValueError(
+                f"HD-map latent {tuple(hdmap.shape)} does not cover {need} latent frames at "
+                f"{h}x{w}: give at least {pixel_frames(n, settings.len_t)} HD-map frames at "
+                f"{w * VAE_SPATIAL}x{h * VAE_SPATIAL}"
+            )
     bar = progress(n) if progress is not None else None
     try:
-        z = rollout(dit, text, num_chunks=n, latent_hw=(h, w), seed=seed, first_frame=first, hdmap=hdmap,
-                    settings=settings, attention_config=model.attention, progress=bar)
+        z = rollout(
+            dit,
+            text,
+            num_chunks=n,
+            latent_hw=(h, w),
+            seed=seed,
+            first_frame=first,
+            hdmap=hdmap,
+            settings=settings,
+            attention_config=model.attention,
+            progress=bar,
+        )
         z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
     finally:
         compat.free_memory()  # also on interrupt or error: return the freed KV window's blocks

@@ -61,22 +61,28 @@ def decode_latent(vae: AutoencoderKLWan, z: torch.Tensor, progress: compat.Progr
         for i in range(num_frames):
             vae._conv_idx = [0]
             with cancel_points(vae.decoder):
-                frame = vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx,
-                                    first_chunk=i == 0)
+                frame = vae.decoder(
+                    x[:, :, i : i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0
+                )
             if num_frames == 1:
                 out = frame
             elif out is None:
                 # Same shape, dtype and memory format torch.cat would produce, allocated once.
                 shape = (*frame.shape[:2], frame.shape[2] + step * (num_frames - 1), *frame.shape[3:])
-                fmt = torch.channels_last_3d if not frame.is_contiguous() and frame.is_contiguous(
-                    memory_format=torch.channels_last_3d) else torch.contiguous_format
+                fmt = (
+                    torch.channels_last_3d
+                    if not frame.is_contiguous() and frame.is_contiguous(memory_format=torch.channels_last_3d)
+                    else torch.contiguous_format
+                )
                 out = torch.empty(shape, dtype=frame.dtype, device=frame.device, memory_format=fmt)
-                out[:, :, :frame.shape[2]] = frame
+                out[:, :, : frame.shape[2]] = frame
                 filled = frame.shape[2]
             else:
                 if frame.shape[2] != step:
-                    raise RuntimeError(f"decoder returned {frame.shape[2]} frames for latent frame {i}, expected {step}")
-                out[:, :, filled:filled + step] = frame
+                    raise RuntimeError(
+                        f"decoder returned {frame.shape[2]} frames for latent frame {i}, expected {step}"
+                    )
+                out[:, :, filled : filled + step] = frame
                 filled += step
             del frame
             if progress is not None:

@@ -27,8 +27,19 @@ from omnivideo.pipelines.attention import AttentionConfig  # noqa: E402
 
 def tiny_wan_state_dict():
     torch.manual_seed(0)
-    net = wan.WanModel(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256, freq_dim=256,
-                       text_dim=4096, out_dim=16, num_heads=1, num_layers=2, operations=comfy.ops.disable_weight_init)
+    net = wan.WanModel(
+        model_type="t2v",
+        patch_size=(1, 2, 2),
+        in_dim=16,
+        dim=128,
+        ffn_dim=256,
+        freq_dim=256,
+        text_dim=4096,
+        out_dim=16,
+        num_heads=1,
+        num_layers=2,
+        operations=comfy.ops.disable_weight_init,
+    )
     sd = {}
     for name, t in net.state_dict().items():  # comfy ops skip init: fill every tensor
         sd[name] = (torch.randn(t.shape) * (0.02 if t.dim() > 1 else 0.1)).to(torch.float32)
@@ -47,8 +58,11 @@ def main():
     latent = torch.zeros(1, 16, 2, 96, 96)  # patch grid (2, 48, 48): 4608 rows = 36 blocks of 128
     plain = sample(base, latent, cond, cond)
     out = {"grid": [2, 48, 48]}
-    runs = {"0.0": AttentionConfig("rainfusion", sparsity=0.0), "0.8": AttentionConfig("rainfusion", sparsity=0.8),
-            "gated": AttentionConfig("rainfusion", sparsity=0.8, start_step=1, skip_layers="1")}
+    runs = {
+        "0.0": AttentionConfig("rainfusion", sparsity=0.0),
+        "0.8": AttentionConfig("rainfusion", sparsity=0.8),
+        "gated": AttentionConfig("rainfusion", sparsity=0.8, start_step=1, skip_layers="1"),
+    }
     for key, config in runs.items():
         patched = OmniVideoPatchModelAttention.execute(base, config).args[0]
         got = sample(patched, latent, cond, cond)

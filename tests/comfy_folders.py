@@ -19,8 +19,11 @@ def patch_comfy_folders(monkeypatch, base: Path):
 
     def file_list(kind):
         root = roots(kind)[0]
-        return sorted(os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
-                      for d, _, files in os.walk(root, followlinks=True) for f in files)
+        return sorted(
+            os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+            for d, _, files in os.walk(root, followlinks=True)
+            for f in files
+        )
 
     output = base / "output"
     output.mkdir(parents=True, exist_ok=True)

@@ -65,8 +65,10 @@ def comfyui_path() -> Path:
     """The ComfyUI checkout named by COMFYUI_PATH; tests that need a real ComfyUI skip without one."""
     raw = os.environ.get("COMFYUI_PATH")
     if not raw:
-        pytest.skip("COMFYUI_PATH is not set: point it at a ComfyUI checkout (the folder with main.py) to run the "
-                    "real-ComfyUI tests; COMFYUI_PYTHON selects its interpreter")
+        pytest.skip(
+            "COMFYUI_PATH is not set: point it at a ComfyUI checkout (the folder with main.py) to run the "
+            "real-ComfyUI tests; COMFYUI_PYTHON selects its interpreter"
+        )
     path = Path(raw).expanduser().resolve()
     if not (path / "main.py").is_file() or not (path / "comfy").is_dir():
         pytest.skip(f"COMFYUI_PATH={raw} is not a ComfyUI checkout (no main.py / comfy/ there)")

@@ -11,22 +11,55 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler, MiniMaxH3Transformer3DModel
+from diffusers import (
+    AutoencoderKLMiniMaxH3,
+    AutoencoderKLMiniMaxH3Audio,
+    MiniMaxH3Scheduler,
+    MiniMaxH3Transformer3DModel,
+)
 from PIL import Image
 from safetensors.torch import save_file
 
-TRANSFORMER = dict(num_attention_heads=2, attention_head_dim=32, hidden_size=48, num_layers=2, num_refiner_layers=1,
-                   ffn_dim=64, in_channels=24, audio_in_channels=32, patch_size=(1, 2, 2), text_dim=40, freq_dim=32,
-                   time_embed_hidden_dim=32, time_embed_dim=16, rope_freq_dim=4)
-VAE = dict(block_out_channels=(32,) * 6, layers_per_block=1, decoder_num_layers=1, decoder_num_attention_heads=2,
-           decoder_attention_head_dim=16, decoder_num_register_tokens=4,
-           latents_mean=tuple(float(x) for x in np.linspace(-0.2, 0.2, 24)),
-           latents_std=tuple(float(x) for x in np.linspace(0.5, 1.5, 24)))
-AUDIO_VAE = dict(encoder_dim=4, encoder_rates=(8, 10, 10), latent_dim=32, latent_channels=32, num_attention_heads=2,
-                 decoder_dim=32, decoder_rates=(8, 10, 10), decoder_kernel_sizes=(16, 20, 20),
-                 resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1,),),
-                 latents_mean=[float(x) for x in np.linspace(-0.1, 0.1, 32)],
-                 latents_std=[float(x) for x in np.linspace(0.8, 1.2, 32)])
+TRANSFORMER = dict(
+    num_attention_heads=2,
+    attention_head_dim=32,
+    hidden_size=48,
+    num_layers=2,
+    num_refiner_layers=1,
+    ffn_dim=64,
+    in_channels=24,
+    audio_in_channels=32,
+    patch_size=(1, 2, 2),
+    text_dim=40,
+    freq_dim=32,
+    time_embed_hidden_dim=32,
+    time_embed_dim=16,
+    rope_freq_dim=4,
+)
+VAE = dict(
+    block_out_channels=(32,) * 6,
+    layers_per_block=1,
+    decoder_num_layers=1,
+    decoder_num_attention_heads=2,
+    decoder_attention_head_dim=16,
+    decoder_num_register_tokens=4,
+    latents_mean=tuple(float(x) for x in np.linspace(-0.2, 0.2, 24)),
+    latents_std=tuple(float(x) for x in np.linspace(0.5, 1.5, 24)),
+)
+AUDIO_VAE = dict(
+    encoder_dim=4,
+    encoder_rates=(8, 10, 10),
+    latent_dim=32,
+    latent_channels=32,
+    num_attention_heads=2,
+    decoder_dim=32,
+    decoder_rates=(8, 10, 10),
+    decoder_kernel_sizes=(16, 20, 20),
+    resblock_kernel_sizes=(3,),
+    resblock_dilation_sizes=((1,),),
+    latents_mean=[float(x) for x in np.linspace(-0.1, 0.1, 32)],
+    latents_std=[float(x) for x in np.linspace(0.8, 1.2, 32)],
+)
 TEXT_DIM = 40
 FRAMES, WIDTH, HEIGHT = 124, 96, 64  # 124 = 17*7+5 frames (5.2 s), the shortest H3 allows
 
@@ -50,8 +83,10 @@ def write_folder(root: Path, transformer, vae, audio_vae, *, transformer_weights
         (root / sub).mkdir(exist_ok=True)
         model.save_config(str(root / sub))  # config.json with _class_name, as save_pretrained writes it
         if sub != "transformer" or transformer_weights:
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-                      str(root / sub / "diffusion_pytorch_model.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in model.state_dict().items()},
+                str(root / sub / "diffusion_pytorch_model.safetensors"),
+            )
     for sub, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
         MiniMaxH3Scheduler(shift=shift).save_config(str(root / sub))
     return root
@@ -59,12 +94,21 @@ def write_folder(root: Path, transformer, vae, audio_vae, *, transformer_weights
 
 def to_original_keys(sd: dict) -> dict:
     """diffusers -> original single-file keys (inverse of convert_minimax_h3_transformer_checkpoint_to_diffusers)."""
-    renames = [("token_refiner.refiner_blocks.", "token_refiner.blocks."), ("time_embedder.linear_1.", "time_embedder.proj_in."),
-               ("time_embedder.linear_2.", "time_embedder.proj_out."), ("audio_proj_in.", "audio_patch_proj."),
-               ("context_embedder.", "condition_proj."), ("norm_out.norm.", "final_layer.norm."),
-               ("norm_out.linear.", "final_layer.adaln_proj.linear."), ("audio_proj_out.", "final_layer.audio_out."),
-               (".attn.norm_q.", ".attn.q_norm."), (".attn.norm_k.", ".attn.k_norm."),
-               (".attn.to_out.0.", ".attn.out_proj."), (".ff.net.0.proj.", ".mlp.fc1."), (".ff.net.2.", ".mlp.fc2.")]
+    renames = [
+        ("token_refiner.refiner_blocks.", "token_refiner.blocks."),
+        ("time_embedder.linear_1.", "time_embedder.proj_in."),
+        ("time_embedder.linear_2.", "time_embedder.proj_out."),
+        ("audio_proj_in.", "audio_patch_proj."),
+        ("context_embedder.", "condition_proj."),
+        ("norm_out.norm.", "final_layer.norm."),
+        ("norm_out.linear.", "final_layer.adaln_proj.linear."),
+        ("audio_proj_out.", "final_layer.audio_out."),
+        (".attn.norm_q.", ".attn.q_norm."),
+        (".attn.norm_k.", ".attn.k_norm."),
+        (".attn.to_out.0.", ".attn.out_proj."),
+        (".ff.net.0.proj.", ".mlp.fc1."),
+        (".ff.net.2.", ".mlp.fc2."),
+    ]
     out = {}
     for key, value in sd.items():
         if key.endswith(".ff.net.0.proj.weight"):  # SwiGLU [value; gate] -> checkpoint [gate; value]
@@ -77,11 +121,11 @@ def to_original_keys(sd: dict) -> dict:
             value = torch.cat([sd[key], sd[base + ".attn.to_k.weight"], sd[base + ".attn.to_v.weight"]])
             key = base + ".attn.qkv_proj.weight"
         if key.startswith("transformer_blocks."):
-            key = "blocks." + key[len("transformer_blocks."):]
+            key = "blocks." + key[len("transformer_blocks.") :]
         if key.startswith("proj_in."):
-            key = "video_patch_proj." + key[len("proj_in."):]
+            key = "video_patch_proj." + key[len("proj_in.") :]
         if key.startswith("proj_out."):
-            key = "final_layer.video_out." + key[len("proj_out."):]
+            key = "final_layer.video_out." + key[len("proj_out.") :]
         for new, old in renames:
             key = key.replace(new, old)
         out[key] = value.contiguous()
@@ -112,6 +156,11 @@ def reference_pipeline(transformer, vae, audio_vae):
     blocks = MiniMaxH3Blocks()
     blocks.sub_blocks.pop("text_encoder")
     pipe = blocks.init_pipeline()
-    pipe.update_components(transformer=transformer, vae=vae, audio_vae=audio_vae,
-                           scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
+    pipe.update_components(
+        transformer=transformer,
+        vae=vae,
+        audio_vae=audio_vae,
+        scheduler=MiniMaxH3Scheduler(shift=12.0),
+        audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
+    )
     return pipe

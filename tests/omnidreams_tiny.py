@@ -7,8 +7,9 @@ import torch
 from omnivideo.models.omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
 from omnivideo.models.omnidreams_loader import final_rows_to_storage
 
-TINY = OmniDreamsConfig(model_channels=64, num_blocks=2, num_heads=2, mlp_hidden=256, adaln_lora_dim=16,
-                        text_in_dim=96, text_dim=32)
+TINY = OmniDreamsConfig(
+    model_channels=64, num_blocks=2, num_heads=2, mlp_hidden=256, adaln_lora_dim=16, text_in_dim=96, text_dim=32
+)
 
 
 def stored_state_dict(cfg: OmniDreamsConfig = TINY, seed: int = 0, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -33,8 +34,10 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-WORDS = ("you are a helpful assistant who will provide prompts to an image generator . system user car drives "
-         "down the road at night camera street sunny").split()
+WORDS = (
+    "you are a helpful assistant who will provide prompts to an image generator . system user car drives "
+    "down the road at night camera street sunny"
+).split()
 
 
 def write_tiny_cosmos_reason1(folder, seed: int = 0):
@@ -48,17 +51,31 @@ def write_tiny_cosmos_reason1(folder, seed: int = 0):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.add_special_tokens(specials[:3])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                        unk_token="[UNK]")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>", unk_token="[UNK]"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
     config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=64, hidden_size=TEXT_HIDDEN, intermediate_size=32, num_hidden_layers=TEXT_LAYERS,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
-                         pad_token_id=0),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=TEXT_HIDDEN,
-                           fullatt_block_indexes=[0]),
+        text_config=dict(
+            vocab_size=64,
+            hidden_size=TEXT_HIDDEN,
+            intermediate_size=32,
+            num_hidden_layers=TEXT_LAYERS,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=1024,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+            pad_token_id=0,
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=TEXT_HIDDEN,
+            fullatt_block_indexes=[0],
+        ),
     )
     Qwen2_5_VLForConditionalGeneration(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

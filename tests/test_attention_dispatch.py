@@ -30,8 +30,14 @@ def test_parse_skip_layers():
     assert [i for i in range(50) if i in parsed] == [0, 1, 2, 3, 38]
     assert [i for i in range(10) if i in A.parse_skip_layers(" 5 , 7-7 ,")] == [5, 7]
     assert not any(i in A.parse_skip_layers("") for i in range(100))
-    for bad, msg in [("a", "not a layer index"), ("3-1", "runs backwards"), ("-2", "not a layer index"),
-                     ("1;2", "not a layer index"), ("0-30000000", "beyond"), ("1," * 600, "characters long")]:
+    for bad, msg in [
+        ("a", "not a layer index"),
+        ("3-1", "runs backwards"),
+        ("-2", "not a layer index"),
+        ("1;2", "not a layer index"),
+        ("0-30000000", "beyond"),
+        ("1," * 600, "characters long"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             A.parse_skip_layers(bad)
 
@@ -51,8 +57,9 @@ def test_validate_messages():
 def test_dense_backends_equal_sdpa():
     q, k, v = qkv()
     for backend in ("auto", "sdpa", "flash_varlen"):
-        torch.testing.assert_close(A.attention(q, k, v, A.AttentionConfig(backend)), dense(q, k, v), atol=1e-6,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            A.attention(q, k, v, A.AttentionConfig(backend)), dense(q, k, v), atol=1e-6, rtol=1e-5
+        )
     assert A.dense_backend(None, CPU)[0] == "flash_varlen"  # auto: fastest exact on CPU
     with pytest.raises(ValueError, match=r"\[B, S, H, D\]"):
         A.attention(q[0], k[0], v[0])
@@ -84,8 +91,9 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
     A._logged.clear()
     q, k, v = qkv()
     layout = AttnLayout(PREFIX, GRID)
-    cfg = A.AttentionConfig("rainfusion", sparsity=0.8, start_step=2, skip_layers="0-1,5", block_size=32,
-                            min_video_blocks=4)
+    cfg = A.AttentionConfig(
+        "rainfusion", sparsity=0.8, start_step=2, skip_layers="0-1,5", block_size=32, min_video_blocks=4
+    )
     stats = A.AttentionStats()
     expected = dense(q, k, v)
     with caplog.at_level(logging.INFO, logger="omnivideo"):
@@ -97,8 +105,13 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
             A.attention(q, k, v, cfg, layout=AttnLayout(0, GRID), step=4, layer=2, stats=stats)  # inconsistent
             A.attention(q, k, v, A.AttentionConfig("rainfusion", block_size=32), layout=layout, stats=stats)  # short
     assert stats.sparse_calls == 0
-    assert stats.dense_calls == {"warm-up": 3, "skip_layers": 3, "no layout": 3, "layout inconsistent": 3,
-                                 "short video": 3}
+    assert stats.dense_calls == {
+        "warm-up": 3,
+        "skip_layers": 3,
+        "no layout": 3,
+        "layout inconsistent": 3,
+        "short video": 3,
+    }
     lines = [r.getMessage() for r in caplog.records if "dense (" in r.getMessage()]
     assert len(lines) == 5, lines  # each reason once
     assert any("step 0 < start_step 2" in m for m in lines)
@@ -113,8 +126,9 @@ def test_packed_sequence_runs_sparse_on_real_rows():
     cfg = A.AttentionConfig("torch_block_sparse", sparsity=0.8, block_size=32, min_video_blocks=4)
     out = A.attention(q, k, v, cfg, layout=layout)
     real = slice(0, PREFIX + 768)
-    ref = rainfusion_reference(q[:, real], k[:, real], v[:, real], layout=AttnLayout(PREFIX, GRID), sparsity=0.8,
-                               block_size=32)
+    ref = rainfusion_reference(
+        q[:, real], k[:, real], v[:, real], layout=AttnLayout(PREFIX, GRID), sparsity=0.8, block_size=32
+    )
     torch.testing.assert_close(out[:, real], ref, atol=2e-6, rtol=1e-5)
 
 
@@ -163,8 +177,9 @@ def test_resolve_is_cached_per_request(monkeypatch):
 
     probes = []
     sdpa_impl = registry.implementations("attention")["sdpa"]
-    fake = registry.Impl("attention", "probe_counter", ("cpu",), sdpa_impl.loader,
-                         lambda platform: probes.append(platform.name))
+    fake = registry.Impl(
+        "attention", "probe_counter", ("cpu",), sdpa_impl.loader, lambda platform: probes.append(platform.name)
+    )
     monkeypatch.setitem(registry._OPS["attention"].impls, "probe_counter", fake)
     first = resolve("attention", "probe_counter", CPU)
     assert resolve("attention", "probe_counter", Platform("cpu", torch.device("cpu"), "other")) is first

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnivideo.nodes import node_classes
 from omnivideo.kernels.attention_layout import AttnLayout
 from omnivideo.kernels.attention_torch import rainfusion_reference
+from omnivideo.nodes import node_classes
 from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
 from omnivideo.pipelines.attention import AttentionConfig
 from omnivideo.pipelines.attention_patch import patch_grid, sampling_step
@@ -71,8 +71,9 @@ class FakeModelPatcher:
         self.wrappers.get(wrapper_type, {}).pop(key, None)
 
 
-def comfy_original(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,
-                   **kwargs):
+def comfy_original(
+    q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False, **kwargs
+):
     """Stand-in for ComfyUI's attention function; tags its output so pass-through is visible."""
     comfy_original.calls += 1
     if not skip_reshape:
@@ -87,7 +88,7 @@ def patched_model(config):
     patched = OmniVideoPatchModelAttention.execute(model, config).args[0]
     assert "optimized_attention_override" not in model.model_options["transformer_options"]  # original untouched
     opts = patched.model_options["transformer_options"]
-    (wrapper,), = patched.wrappers["diffusion_model"].values()
+    ((wrapper,),) = patched.wrappers["diffusion_model"].values()
     return patched, opts["optimized_attention_override"], wrapper
 
 
@@ -119,8 +120,9 @@ def test_patch_routes_self_attention_through_rainfusion_with_the_latent_grid():
     q, k, v = qkv()
     comfy_original.calls = 0
     out = run_forward(wrapper, lambda opts: override(comfy_original, q, k, v, heads=H, transformer_options=opts), {})
-    ref = rainfusion_reference(*(t.view(1, S, H, D) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8,
-                               block_size=32)
+    ref = rainfusion_reference(
+        *(t.view(1, S, H, D) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8, block_size=32
+    )
     assert comfy_original.calls == 0 and out.shape == q.shape
     torch.testing.assert_close(out, ref.reshape(1, S, H * D), atol=2e-6, rtol=1e-5)
     assert override.__self__.stats.sparse_calls == 1
@@ -146,24 +148,34 @@ def test_patch_passes_cross_attention_masks_and_unknown_layouts_to_the_original(
     out = override(comfy_original, q, k, v, heads=H, transformer_options={})  # no wrapper ran: no layout
     assert torch.equal(out, comfy_original(q, k, v, H))
     assert override.__self__.stats.dense_calls["no layout"] == 1
-    out = run_forward(wrapper, lambda o: override(comfy_original, q, k, v, heads=H, transformer_options=o), {},
-                      latent_shape=(1, 16, 3, 32, 34))  # grid (3, 16, 17) != rows: inconsistent
+    out = run_forward(
+        wrapper,
+        lambda o: override(comfy_original, q, k, v, heads=H, transformer_options=o),
+        {},
+        latent_shape=(1, 16, 3, 32, 34),
+    )  # grid (3, 16, 17) != rows: inconsistent
     assert torch.equal(out, comfy_original(q, k, v, H))
-    assert copy.deepcopy(patched.model_options)["transformer_options"]["optimized_attention_override"].__self__ \
-        is override.__self__  # clones share one patch and its stats
+    assert (
+        copy.deepcopy(patched.model_options)["transformer_options"]["optimized_attention_override"].__self__
+        is override.__self__
+    )  # clones share one patch and its stats
 
 
 def test_patch_gates_steps_from_sigmas_and_counts_layers():
-    config = AttentionConfig("torch_block_sparse", sparsity=0.8, start_step=1, skip_layers="1", block_size=32,
-                             min_video_blocks=4)
+    config = AttentionConfig(
+        "torch_block_sparse", sparsity=0.8, start_step=1, skip_layers="1", block_size=32, min_video_blocks=4
+    )
     _, override, wrapper = patched_model(config)
     q, k, v = qkv()
     schedule = torch.tensor([1.0, 0.7, 0.3, 0.0])
     stats = override.__self__.stats
     for sigma in (1.0, 0.7):
         opts = {"sigmas": torch.tensor([sigma]), "sample_sigmas": schedule}
-        run_forward(wrapper, lambda o: [override(comfy_original, q, k, v, heads=H, transformer_options=o)
-                                        for _ in range(2)], opts)  # two blocks: layers 0 and 1
+        run_forward(
+            wrapper,
+            lambda o: [override(comfy_original, q, k, v, heads=H, transformer_options=o) for _ in range(2)],
+            opts,
+        )  # two blocks: layers 0 and 1
     assert stats.dense_calls == {"warm-up": 1, "skip_layers": 2} and stats.sparse_calls == 1  # layer 1 always skipped
     assert sampling_step({"sigmas": torch.tensor([0.31]), "sample_sigmas": schedule}) == 2
     assert sampling_step({}) is None
@@ -172,10 +184,16 @@ def test_patch_gates_steps_from_sigmas_and_counts_layers():
 def test_patch_handles_comfy_bhsd_layout():
     _, override, wrapper = patched_model(CFG)
     q, k, v = (t.view(1, S, H, D).transpose(1, 2) for t in qkv())  # Cosmos: skip_reshape=True, [B, H, S, D]
-    out = run_forward(wrapper, lambda o: override(comfy_original, q, k, v, H, skip_reshape=True,
-                                                  skip_output_reshape=True, transformer_options=o), {})
-    ref = rainfusion_reference(*(t.transpose(1, 2) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8,
-                               block_size=32)
+    out = run_forward(
+        wrapper,
+        lambda o: override(
+            comfy_original, q, k, v, H, skip_reshape=True, skip_output_reshape=True, transformer_options=o
+        ),
+        {},
+    )
+    ref = rainfusion_reference(
+        *(t.transpose(1, 2) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8, block_size=32
+    )
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=2e-6, rtol=1e-5)
 
 
@@ -194,11 +212,14 @@ def test_patch_node_with_a_tiny_native_comfyui_wan_model(comfyui_path):
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     env = {**os.environ, "COMFYUI_PATH": path}
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([python, str(REPO / "tests" / "attention_comfy_probe.py")], env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [python, str(REPO / "tests" / "attention_comfy_probe.py")], env=env, capture_output=True, text=True, timeout=900
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE_RESULT ")), None)
-    assert line is not None, f"probe failed (rc {proc.returncode}; set COMFYUI_PYTHON to ComfyUI's interpreter):\n" \
-                             f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert line is not None, (
+        f"probe failed (rc {proc.returncode}; set COMFYUI_PYTHON to ComfyUI's interpreter):\n"
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     result = json.loads(line.split(" ", 1)[1])
     zero, sparse, gated = result["0.0"], result["0.8"], result["gated"]
     assert result["base_untouched"]

@@ -34,41 +34,101 @@ def mindiesd(monkeypatch):
     mod = types.ModuleType("mindiesd")
 
     def attention_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, **kw):
-        calls.append(("varlen", dict(shape=tuple(q.shape), cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
-                                     scale=softmax_scale, kw=kw)))
+        calls.append(
+            ("varlen", dict(shape=tuple(q.shape), cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, scale=softmax_scale, kw=kw))
+        )
         out = torch.zeros_like(q)
         for a, b in zip(cu_seqlens_q[:-1], cu_seqlens_q[1:]):  # TND: one sequence per segment
             seg = slice(a, b)
-            out[seg] = _math_attention(q[seg].transpose(0, 1), k[seg].transpose(0, 1), v[seg].transpose(0, 1),
-                                       softmax_scale).transpose(0, 1)
+            out[seg] = _math_attention(
+                q[seg].transpose(0, 1), k[seg].transpose(0, 1), v[seg].transpose(0, 1), softmax_scale
+            ).transpose(0, 1)
         return out
 
     def attention_forward(q, k, v, attn_mask=None, scale=None, fused=True, head_first=False, **kw):
         calls.append(("laser", dict(q=q, scale=scale, head_first=head_first, kw=kw)))
         return _math_attention(q, k, v, scale)  # BNSD
 
-    def sparse_attention(q, k, v, scale=None, head_num=1, input_layout="BNSD", sparse_type=None, txt_len=0,
-                         block_size=128, latent_shape_q=None, latent_shape_k=None, sparsity=0.0, **kw):
-        calls.append(("sparse", dict(shape=tuple(q.shape), scale=scale, head_num=head_num, layout=input_layout,
-                                     sparse_type=sparse_type, txt_len=txt_len, block_size=block_size,
-                                     latent_q=latent_shape_q, latent_k=latent_shape_k, sparsity=sparsity)))
-        return rainfusion_reference(q, k, v, layout=AttnLayout(txt_len, tuple(latent_shape_q)), sparsity=sparsity,
-                                    scale=scale, block_size=block_size)
+    def sparse_attention(
+        q,
+        k,
+        v,
+        scale=None,
+        head_num=1,
+        input_layout="BNSD",
+        sparse_type=None,
+        txt_len=0,
+        block_size=128,
+        latent_shape_q=None,
+        latent_shape_k=None,
+        sparsity=0.0,
+        **kw,
+    ):
+        calls.append(
+            (
+                "sparse",
+                dict(
+                    shape=tuple(q.shape),
+                    scale=scale,
+                    head_num=head_num,
+                    layout=input_layout,
+                    sparse_type=sparse_type,
+                    txt_len=txt_len,
+                    block_size=block_size,
+                    latent_q=latent_shape_q,
+                    latent_k=latent_shape_k,
+                    sparsity=sparsity,
+                ),
+            )
+        )
+        return rainfusion_reference(
+            q,
+            k,
+            v,
+            layout=AttnLayout(txt_len, tuple(latent_shape_q)),
+            sparsity=sparsity,
+            scale=scale,
+            block_size=block_size,
+        )
 
-    def rain_fusion_attention(query, key, value, scale=None, head_num=None, input_layout="TND", select_idx=None,
-                              select_num_idx=None, blockshape=None, actual_seq_lengths=None,
-                              actual_seq_lengths_kv=None, inner_precise=0):
+    def rain_fusion_attention(
+        query,
+        key,
+        value,
+        scale=None,
+        head_num=None,
+        input_layout="TND",
+        select_idx=None,
+        select_num_idx=None,
+        blockshape=None,
+        actual_seq_lengths=None,
+        actual_seq_lengths_kv=None,
+        inner_precise=0,
+    ):
         """MindIE's block-sparse kernel, computed on CPU from the block tables it is given (TND, one sequence)."""
-        calls.append(("rain_fusion", dict(shape=tuple(query.shape), scale=scale, head_num=head_num,
-                                          layout=input_layout, select_idx=select_idx, select_num_idx=select_num_idx,
-                                          blockshape=blockshape, seq=actual_seq_lengths, seq_kv=actual_seq_lengths_kv)))
+        calls.append(
+            (
+                "rain_fusion",
+                dict(
+                    shape=tuple(query.shape),
+                    scale=scale,
+                    head_num=head_num,
+                    layout=input_layout,
+                    select_idx=select_idx,
+                    select_num_idx=select_num_idx,
+                    blockshape=blockshape,
+                    seq=actual_seq_lengths,
+                    seq_kv=actual_seq_lengths_kv,
+                ),
+            )
+        )
         s, bs = query.shape[0], blockshape[0]
         nb = select_idx.shape[0]
         allowed = torch.zeros(head_num, nb, nb, dtype=torch.bool)
         for qb in range(nb):
             for h in range(head_num):
-                kept = select_idx[qb, h, :select_num_idx[qb, h]]
-                assert (kept >= 0).all() and (select_idx[qb, h, select_num_idx[qb, h]:] == -1).all()
+                kept = select_idx[qb, h, : select_num_idx[qb, h]]
+                assert (kept >= 0).all() and (select_idx[qb, h, select_num_idx[qb, h] :] == -1).all()
                 allowed[h, qb, kept] = True
         blk = torch.arange(s) // bs
         mask = allowed[:, blk[:, None], blk[None, :]]  # [H, S, S]
@@ -81,9 +141,12 @@ def mindiesd(monkeypatch):
     mod.sparse_attention = sparse_attention
     rf_v2 = types.ModuleType("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2")
     rf_v2.rain_fusion_attention = rain_fusion_attention
-    for name, module in (("mindiesd", mod), ("mindiesd.layers", types.ModuleType("mindiesd.layers")),
-                         ("mindiesd.layers.flash_attn", types.ModuleType("mindiesd.layers.flash_attn")),
-                         ("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2", rf_v2)):
+    for name, module in (
+        ("mindiesd", mod),
+        ("mindiesd.layers", types.ModuleType("mindiesd.layers")),
+        ("mindiesd.layers.flash_attn", types.ModuleType("mindiesd.layers.flash_attn")),
+        ("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2", rf_v2),
+    ):
         monkeypatch.setitem(sys.modules, name, module)
     return calls
 
@@ -121,7 +184,7 @@ def test_packed_varlen_calls_mindie_in_tnd_with_host_cu_seqlens(NPU, mindiesd):
     q, k, v = qkv()
     k[:, 70:] = 1e4  # padding garbage
     out = attention(q, k, v, AttentionConfig("auto"), scale=0.25, layout=AttnLayout(kv_lengths=(70,)), platform=NPU)
-    (kind, call), = mindiesd
+    ((kind, call),) = mindiesd
     assert kind == "varlen" and call["shape"] == (96, 2, 16)
     assert call["cu_q"] == [0, 70, 96] and call["cu_k"] == [0, 70, 96] and call["scale"] == 0.25
     assert all(type(x) is int for x in call["cu_q"])  # host list: no device sync
@@ -132,14 +195,14 @@ def test_packed_varlen_calls_mindie_in_tnd_with_host_cu_seqlens(NPU, mindiesd):
 def test_unpacked_batch_uses_one_segment_per_item(NPU, mindiesd):
     q, k, v = qkv(b=2, s=40)
     attention(q, k, v, AttentionConfig("auto"), platform=NPU)
-    assert mindiesd[0][1]["cu_q"] == [0, 40, 80] and mindiesd[0][1]["scale"] == 16 ** -0.5
+    assert mindiesd[0][1]["cu_q"] == [0, 40, 80] and mindiesd[0][1]["scale"] == 16**-0.5
 
 
 def test_laser_prescale_is_exact(NPU, mindiesd, monkeypatch):
     monkeypatch.setenv("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
     q, k, v = qkv(s=64)
     out = attention(q, k, v, AttentionConfig("auto"), scale=0.3, layout=AttnLayout(kv_lengths=(50,)), platform=NPU)
-    (kind, call), = mindiesd
+    ((kind, call),) = mindiesd
     assert kind == "laser" and call["scale"] == 0.3 * 256 * 256 and call["head_first"] is True
     assert call["kw"] == {"opt_mode": "manual", "op_type": "fused_attn_score", "layout": "BNSD"}
     assert call["q"].shape == (1, 2, 50, 16)  # BNSD, K/V sliced to the real rows
@@ -152,7 +215,7 @@ def test_contract_failure_rebuilds_mask_or_raises(NPU, mindiesd):
     q, k, v = qkv(b=2, s=48)
     out = attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30, 48)), platform=NPU)
     assert mindiesd == []  # not the packed contract: MindIE varlen not called
-    expected = _math_attention(*(x[0, :30].transpose(0, 1) for x in (q, k, v)), 16 ** -0.5).transpose(0, 1)
+    expected = _math_attention(*(x[0, :30].transpose(0, 1) for x in (q, k, v)), 16**-0.5).transpose(0, 1)
     torch.testing.assert_close(out[0, :30], expected, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="valid_kv_length"):
         attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30,)), platform=NPU)
@@ -173,18 +236,20 @@ def test_rainfusion_runs_our_plan_on_the_mindie_kernel(NPU, mindiesd, grid, pref
     out = attention(q, k, v, cfg, scale=0.2, layout=AttnLayout(prefix, grid), platform=NPU, stats=stats)
     assert [kind for kind, _ in mindiesd] == ["rain_fusion", "rain_fusion"]  # one call per batch element
     for i, (_, call) in enumerate(mindiesd):
-        *_, plan = plan_and_permute(q[i:i + 1], k[i:i + 1], v[i:i + 1], grid, prefix, 0.7, 0.2, 128)
+        *_, plan = plan_and_permute(q[i : i + 1], k[i : i + 1], v[i : i + 1], grid, prefix, 0.7, 0.2, 128)
         select_idx, select_num = mindie_block_tables(plan.block_mask[0])
         assert torch.equal(call["select_idx"], select_idx) and torch.equal(call["select_num_idx"], select_num)
         assert call["layout"] == "TND" and call["blockshape"] == [128, 128] and call["seq"] == [q.shape[1]]
         if math.prod(grid) % 128:  # the mixed block is protected: all its query rows attend every key block
             mixed = math.prod(grid) // 128
             assert plan.protected[mixed] and bool((select_num[mixed] == plan.n_blocks).all())
-    expected = rainfusion_reference(q, k, v, layout=AttnLayout(prefix, grid), sparsity=0.7, scale=0.2,
-                                    block_size=128)  # the CPU reference of the same plan
+    expected = rainfusion_reference(
+        q, k, v, layout=AttnLayout(prefix, grid), sparsity=0.7, scale=0.2, block_size=128
+    )  # the CPU reference of the same plan
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(out[:, :prefix], attention(q, k, v, AttentionConfig("sdpa"), scale=0.2)[:, :prefix],
-                               atol=2e-6, rtol=1e-5)  # every prefix row is dense
+    torch.testing.assert_close(
+        out[:, :prefix], attention(q, k, v, AttentionConfig("sdpa"), scale=0.2)[:, :prefix], atol=2e-6, rtol=1e-5
+    )  # every prefix row is dense
     assert stats.impls["npu_rainfusion"] == 1 and 0 < stats.realized_sparsity < 0.7
 
 

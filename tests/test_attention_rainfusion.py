@@ -45,6 +45,7 @@ def _triton():
 
 # ---- plan math -------------------------------------------------------------------------------
 
+
 def test_tile_order_permutes_8x8_tiles_and_moves_prefix_to_the_end():
     grid, prefix = (2, 16, 16), 5
     order = R.tile_order(grid, prefix)
@@ -64,7 +65,7 @@ def test_irregular_grid_tail_becomes_dense_rows():
     grid = (2, 24, 42)  # w = 5 tiles + 2 columns
     order = R.tile_order(grid, 0)
     assert order.n_tiled == 2 * 24 * 40 and order.first_frame == 24 * 40
-    tail = order.perm[order.n_tiled:]
+    tail = order.perm[order.n_tiled :]
     assert tail.numel() == 2 * 24 * 2 and bool(((tail % 42) >= 40).all())
     prot = R.protected_blocks(order, 2016, 128)
     assert prot.tolist() == [True] * 8 + [False] * 7 + [True]  # first frame 960 rows -> 8 blocks; tail from row 1920
@@ -110,9 +111,9 @@ def test_block_mask_kept_count_per_head_and_realized_sparsity(case):
             if prot[i]:
                 expected += nb
                 continue
-            qi = qp[0, i * BS:(i + 1) * BS, h].mean(0)
-            scores = torch.stack([qi @ kp[0, j * BS:(j + 1) * BS, h].mean(0) for j in range(nb)]) * scale
-            top = set(torch.argsort(scores, descending=True)[:plan.keep_len].tolist())
+            qi = qp[0, i * BS : (i + 1) * BS, h].mean(0)
+            scores = torch.stack([qi @ kp[0, j * BS : (j + 1) * BS, h].mean(0) for j in range(nb)]) * scale
+            top = set(torch.argsort(scores, descending=True)[: plan.keep_len].tolist())
             expected += len(top | {j for j in range(nb) if prot[j]})
         assert int(plan.block_mask[0, h].sum()) == expected
     num, _ = plan.kv_lists()
@@ -121,6 +122,7 @@ def test_block_mask_kept_count_per_head_and_realized_sparsity(case):
 
 
 # ---- executors -------------------------------------------------------------------------------
+
 
 def _run(fn, case, sparsity, stats=None):
     q, k, v, layout = case
@@ -178,9 +180,10 @@ def test_irregular_grid_24x42_runs_and_matches(case):
     ref0 = rainfusion_reference(q, k, v, layout=layout, sparsity=0.0, block_size=128)
     torch.testing.assert_close(ref0, dense, atol=2e-6, rtol=1e-5)
     ref = rainfusion_reference(q, k, v, layout=layout, sparsity=0.8, block_size=128)
-    torch.testing.assert_close(block_sparse_gather(q, k, v, layout=layout, sparsity=0.8, block_size=128), ref,
-                               atol=2e-6, rtol=1e-5)
-    tail = R.tile_order(grid, prefix).perm[R.tile_order(grid, prefix).n_tiled:]
+    torch.testing.assert_close(
+        block_sparse_gather(q, k, v, layout=layout, sparsity=0.8, block_size=128), ref, atol=2e-6, rtol=1e-5
+    )
+    tail = R.tile_order(grid, prefix).perm[R.tile_order(grid, prefix).n_tiled :]
     assert torch.equal(ref[:, tail], dense[:, tail])  # irregular remainder + prefix rows are dense rows
 
 

@@ -107,6 +107,10 @@ def test_scale_and_stats_helpers_are_shared():
     plan = rainfusion.plan_and_permute(*qkv(s=3 * 16 * 16 + 16), (3, 16, 16), 16, 0.5, 0.25, 64)[3]
     stats = {}
     rainfusion.record_stats(stats, plan)
-    assert stats == {"kept_blocks": plan.kept_blocks, "total_blocks": plan.block_mask.numel(),
-                     "realized_sparsity": plan.realized_sparsity, "nominal_sparsity": 0.5}
+    assert stats == {
+        "kept_blocks": plan.kept_blocks,
+        "total_blocks": plan.block_mask.numel(),
+        "realized_sparsity": plan.realized_sparsity,
+        "nominal_sparsity": 0.5,
+    }
     rainfusion.record_stats(None, plan)  # no stats dict: nothing to do

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
 import omnivideo.pipelines.h3.sampler as h3_sampler
 from omnivideo.models.h3_attention import h3_attention
@@ -13,8 +14,6 @@ from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
 from omnivideo.pipelines.attention import AttentionConfig
 from omnivideo.pipelines.h3 import sample
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
-
-from h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
 CPU = torch.device("cpu")
 W, H = 256, 256  # latent 16x16 -> patch grid (37, 8, 8): 2368 video rows = 19 blocks, 8x8 tiles exist
@@ -45,7 +44,10 @@ def dense(parts, cond):
 
 
 def _diff(a, b):
-    return max((a["samples"] - b["samples"]).abs().max().item(), (a["h3_audio_samples"] - b["h3_audio_samples"]).abs().max().item())
+    return max(
+        (a["samples"] - b["samples"]).abs().max().item(),
+        (a["h3_audio_samples"] - b["h3_audio_samples"]).abs().max().item(),
+    )
 
 
 def test_flash_varlen_equals_sdpa(parts, cond, dense):
@@ -120,8 +122,14 @@ def test_processors_are_restored_and_layout_is_checked(parts):
             e, t = text_inputs()
             from omnivideo.pipelines.h3.geometry import resolve_shape
             from omnivideo.pipelines.h3.layout import build_layout
+
             lay = build_layout(t, resolve_shape(FRAMES, W, H, parts[2]["geometry"]), parts[2]["geometry"])
-            transformer(hidden_states=torch.zeros(1, 2368, 96), audio_hidden_states=torch.zeros(1, 414, 32),
-                        encoder_hidden_states=e, timestep=torch.tensor([0.5]),
-                        timestep_indices=torch.zeros(lay.total_len, dtype=torch.long), **lay.forward_kwargs())
+            transformer(
+                hidden_states=torch.zeros(1, 2368, 96),
+                audio_hidden_states=torch.zeros(1, 414, 32),
+                encoder_hidden_states=e,
+                timestep=torch.tensor([0.5]),
+                timestep_indices=torch.zeros(lay.total_len, dtype=torch.long),
+                **lay.forward_kwargs(),
+            )
     assert {k: type(v) for k, v in transformer.attn_processors.items()} == before

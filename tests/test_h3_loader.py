@@ -6,14 +6,13 @@ import json
 
 import pytest
 import torch
+from h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
+from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 from safetensors.torch import save_file
 
 from omnivideo.models.h3_loader import H3LoadError, load_h3
 from omnivideo.models.h3_text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings
 from omnivideo.pipelines.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
-
-from h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
-from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 
 CPU = torch.device("cpu")
 
@@ -43,8 +42,7 @@ def test_folder_loads_with_fp32_islands(tiny):
 def test_single_file_original_keys_converts_to_same_weights(tiny):
     transformer, _, _, root, base = tiny
     sf = base / "h3_original.safetensors"
-    save_file({"model.diffusion_model." + k: v for k, v in to_original_keys(transformer.state_dict()).items()},
-              str(sf))
+    save_file({"model.diffusion_model." + k: v for k, v in to_original_keys(transformer.state_dict()).items()}, str(sf))
     model, _, _ = load_h3(root, "fp32", transformer_file=sf, device=CPU)
     ours = model.transformer.state_dict()
     for key, value in transformer.state_dict().items():
@@ -105,10 +103,13 @@ def test_frame_and_size_validation():
 
 def test_limits_agree_with_diffusers():
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MiniMaxH3ModularPipeline as P
+
     from omnivideo.pipelines.h3 import geometry, keyframes
 
     assert (geometry.MIN_SECONDS, geometry.MAX_SECONDS) == (P.min_duration.fget(None), P.max_duration.fget(None))
-    assert keyframes.PIXEL_MEAN == P.pixel_mean.fget(None) and keyframes.ENCODE_SEED == P.keyframe_encode_seed.fget(None)
+    assert keyframes.PIXEL_MEAN == P.pixel_mean.fget(None) and keyframes.ENCODE_SEED == P.keyframe_encode_seed.fget(
+        None
+    )
 
 
 # --- text encoding: a tiny Qwen3-VL (4 layers, layer 2) and a byte-level tokenizer built in the test, no downloads
@@ -121,8 +122,7 @@ def tiny_qwen():
 
 
 def _diffusers_text(te, monkeypatch, prompt, keyframes):
-    from diffusers.modular_pipelines.minimax_h3.encoders import (MiniMaxH3FL2VATextEncoderStep,
-                                                                   MiniMaxH3TextEncoderStep)
+    from diffusers.modular_pipelines.minimax_h3.encoders import MiniMaxH3FL2VATextEncoderStep, MiniMaxH3TextEncoderStep
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MiniMaxH3ModularPipeline
 
     monkeypatch.setattr(MiniMaxH3ModularPipeline, "text_encoder_layer", property(lambda self: te.layer))
@@ -156,6 +156,7 @@ def test_embeddings_roundtrip_and_errors(tmp_path):
 
 def test_text_encoder_folder_loads_and_checks_layer(tmp_path):
     from h3_tiny_qwen import write_text_encoder_folder
+
     from omnivideo.models.h3_text import load_text_encoder
 
     folder = write_text_encoder_folder(tmp_path / "qwen", *tiny_qwen3vl())

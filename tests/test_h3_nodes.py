@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from comfy_folders import patch_comfy_folders
+from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
+from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 
 from omnivideo import compat
 from omnivideo.models.h3_text import H3TextEncoder
 from omnivideo.nodes import h3 as nodes
 from omnivideo.nodes.sampler import OmniVideoSampler
 from omnivideo.pipelines.h3.geometry import FPS
-
-from comfy_folders import patch_comfy_folders
-from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
-from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +30,13 @@ def loaded(tmp_path_factory):
 
 def test_schemas():
     ids = {cls.define_schema().node_id for cls in nodes.NODES}
-    assert ids == {"OmniVideoH3Loader", "OmniVideoH3TextEncoderLoader", "OmniVideoH3Keyframes",
-                   "OmniVideoH3TextEncode", "OmniVideoH3Decode"}
+    assert ids == {
+        "OmniVideoH3Loader",
+        "OmniVideoH3TextEncoderLoader",
+        "OmniVideoH3Keyframes",
+        "OmniVideoH3TextEncode",
+        "OmniVideoH3Decode",
+    }
     decode = nodes.OmniVideoH3Decode.define_schema()
     assert [o.io_type for o in decode.outputs] == ["IMAGE", "AUDIO"]
     with pytest.raises(ValueError, match="multiples of 32"):
@@ -93,8 +97,11 @@ def test_text_encode_needs_an_encoder():
 def test_save_as_stays_in_the_output_folder(loaded, tmp_path, comfy_folders):
     te = loaded[3]
     out = comfy_folders.output
-    for bad, why in [(str(tmp_path / "abs"), "absolute paths"), ("../escape", "'..' is not accepted"),
-                     ("a/../../escape", "'..' is not accepted")]:
+    for bad, why in [
+        (str(tmp_path / "abs"), "absolute paths"),
+        ("../escape", "'..' is not accepted"),
+        ("a/../../escape", "'..' is not accepted"),
+    ]:
         with pytest.raises(ValueError, match=why):
             nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as=bad)
     assert not (tmp_path / "abs.safetensors").exists() and not (tmp_path / "escape.safetensors").exists()
@@ -125,7 +132,8 @@ def test_embedding_file_lists_exactly_the_h3_embeddings(loaded, comfy_folders):
     assert port.options["options"] == ["", "fox.safetensors"]
     assert nodes.OmniVideoH3TextEncode.validate_inputs(embedding_file="fox.safetensors") is True
     assert "not an H3 prompt embedding" in nodes.OmniVideoH3TextEncode.validate_inputs(
-        embedding_file="qwen/model.safetensors")
+        embedding_file="qwen/model.safetensors"
+    )
     again = nodes.OmniVideoH3TextEncode.execute("", embedding_file="fox.safetensors")[0]
     assert torch.equal(again.text, cond.text)
 
@@ -145,8 +153,9 @@ def test_decode_reports_progress_and_offloads(loaded, monkeypatch):
 
     for name, vae_obj in (("vae", vae), ("audio_vae", audio_vae)):
         real_to = vae_obj.to
-        monkeypatch.setattr(vae_obj, "to", lambda *a, _n=name, _to=real_to, **k: (events.append((_n, a, k)),
-                                                                                   _to(*a, **k))[1])
+        monkeypatch.setattr(
+            vae_obj, "to", lambda *a, _n=name, _to=real_to, **k: (events.append((_n, a, k)), _to(*a, **k))[1]
+        )
     monkeypatch.setattr(compat, "ProgressBar", Bar)
     images, audio = nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent).args
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3) and audio["waveform"].shape[:2] == (1, 2)
@@ -157,8 +166,7 @@ def test_decode_reports_progress_and_offloads(loaded, monkeypatch):
     monkeypatch.setattr(Bar, "update", lambda self, n=1: (compat.request_interrupt(), compat.check_interrupt()))
     with pytest.raises(compat.ProcessingInterrupted):  # cancelled after the video: the audio VAE never runs
         nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent)
-    assert ("audio_vae", ("cpu",), {}) in events and not any(e[0] == "audio_vae" and e[1] != ("cpu",)
-                                                             for e in events)
+    assert ("audio_vae", ("cpu",), {}) in events and not any(e[0] == "audio_vae" and e[1] != ("cpu",) for e in events)
     with pytest.raises(ValueError, match="no H3 audio latents"):
         nodes.OmniVideoH3Decode.execute(vae, audio_vae, {"samples": latent["samples"]})
 
@@ -173,8 +181,13 @@ def test_sampler_offloads_the_transformer_and_checks_text_width(loaded, monkeypa
     assert moves == [(model.device,), ("cpu",)]  # to the device for sampling, back to CPU afterwards
 
     moves.clear()
-    monkeypatch.setattr(compat, "ProgressBar", lambda total: type("Cancel", (), {"update": lambda self, n=1: (
-        compat.request_interrupt(), compat.check_interrupt())})())
+    monkeypatch.setattr(
+        compat,
+        "ProgressBar",
+        lambda total: type(
+            "Cancel", (), {"update": lambda self, n=1: (compat.request_interrupt(), compat.check_interrupt())}
+        )(),
+    )
     with pytest.raises(compat.ProcessingInterrupted):
         OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=3, width=WIDTH, height=HEIGHT)
     assert moves[-1] == ("cpu",)  # offloaded on cancel too

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from h3_tiny import FRAMES, HEIGHT, WIDTH, keyframe_images, make_models, reference_pipeline, text_inputs, write_folder
 
-from omnivideo.models.handles import OmniVideoConditioning
 from omnivideo.models.h3_loader import load_h3
+from omnivideo.models.handles import OmniVideoConditioning
 from omnivideo.pipelines.h3 import AUDIO_KEY, sample
 from omnivideo.pipelines.h3.decode import decode_audio, decode_video
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
-
-from h3_tiny import FRAMES, HEIGHT, WIDTH, keyframe_images, make_models, reference_pipeline, text_inputs, write_folder
 
 STEPS, SEED, TOL = 4, 7, 1e-5
 CPU = torch.device("cpu")
@@ -38,9 +37,18 @@ def _max_diff(a, b):
 
 
 def _reference(pipe, emb, tags, **kw):
-    return pipe(prompt_embeds=emb, text_token_tags=tags, num_frames=FRAMES, height=HEIGHT, width=WIDTH,
-                num_inference_steps=STEPS, generator=torch.Generator().manual_seed(SEED), output_type="pt",
-                output=["latents", "audio_latents", "videos", "audio"], **kw)
+    return pipe(
+        prompt_embeds=emb,
+        text_token_tags=tags,
+        num_frames=FRAMES,
+        height=HEIGHT,
+        width=WIDTH,
+        num_inference_steps=STEPS,
+        generator=torch.Generator().manual_seed(SEED),
+        output_type="pt",
+        output=["latents", "audio_latents", "videos", "audio"],
+        **kw,
+    )
 
 
 def test_t2va_matches_modular_pipeline(h3):
@@ -86,8 +94,15 @@ def test_fl2va_first_and_last_keyframes_match(h3):
     assert _max_diff(video, ref["latents"]) <= TOL
     assert _max_diff(audio, ref["audio_latents"]) <= TOL
     # the keyframes change the result (they are really in the sequence)
-    plain = sample(model, OmniVideoConditioning("h3", emb, {"text_token_tags": tags}), seed=SEED, frames=FRAMES,
-                   steps=STEPS, width=WIDTH, height=HEIGHT)
+    plain = sample(
+        model,
+        OmniVideoConditioning("h3", emb, {"text_token_tags": tags}),
+        seed=SEED,
+        frames=FRAMES,
+        steps=STEPS,
+        width=WIDTH,
+        height=HEIGHT,
+    )
     assert _max_diff(plain["samples"], out["samples"]) > 1e-3
 
 

@@ -1,10 +1,9 @@
 """Contracts every node must keep with ComfyUI, checked on all registered nodes."""
 
+import asyncio
 import inspect
 
 import pytest
-
-import asyncio
 
 import omnivideo
 from omnivideo.nodes import node_classes
@@ -40,8 +39,13 @@ def test_validate_inputs_keeps_comfyuis_own_checks(node_id, node):
     params = inspect.signature(node.validate_inputs).parameters
     assert not any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params.values()), node_id
     assert len(params) <= 1, f"{node_id}.validate_inputs names {list(params)}: one input at most"
-    limited = {i.id for i in node.define_schema().inputs if {"min", "max"} & set(getattr(i, "options", {}) or {})
-               or getattr(i, "min", None) is not None or getattr(i, "max", None) is not None}
+    limited = {
+        i.id
+        for i in node.define_schema().inputs
+        if {"min", "max"} & set(getattr(i, "options", {}) or {})
+        or getattr(i, "min", None) is not None
+        or getattr(i, "max", None) is not None
+    }
     assert not limited & set(params), f"{node_id}.validate_inputs would switch off ComfyUI's limits of {limited}"
 
 

@@ -9,8 +9,14 @@ import pytest
 import torch
 from omnidreams_tiny import TINY
 
-from omnivideo.models.omnidreams_dit import (OmniDreamsConfig, apply_rope, patchify, rope_cos_sin,
-                                             timestep_sinusoid, unpatchify)
+from omnivideo.models.omnidreams_dit import (
+    OmniDreamsConfig,
+    apply_rope,
+    patchify,
+    rope_cos_sin,
+    timestep_sinusoid,
+    unpatchify,
+)
 from omnivideo.pipelines.omnidreams import released_schedule, sigma_table
 
 FULL = OmniDreamsConfig()
@@ -58,7 +64,7 @@ def test_rope_time_offset_only_moves_time():
     c = rope_cos_sin(TINY, 2, 2, 2, t_offset=2)[0]
     torch.testing.assert_close(b, c)
     n_t = TINY.rope_split[0] // 2
-    torch.testing.assert_close(a[:, n_t:TINY.head_dim // 2], c[:, n_t:TINY.head_dim // 2])  # h, w untouched
+    torch.testing.assert_close(a[:, n_t : TINY.head_dim // 2], c[:, n_t : TINY.head_dim // 2])  # h, w untouched
     assert not torch.allclose(a[:, :n_t], c[:, :n_t])
 
 
@@ -109,8 +115,9 @@ def test_attention_with_a_longer_cached_window_is_plain_softmax():
     weights = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(32), dim=-1)
     ref = torch.einsum("bhqk,bkhd->bqhd", weights, v)
     for config in (None, AttentionConfig(backend="sdpa")):
-        torch.testing.assert_close(_attention(q, k, v, 1 / math.sqrt(32), config, (2, 2, 3), 0), ref,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            _attention(q, k, v, 1 / math.sqrt(32), config, (2, 2, 3), 0), ref, rtol=1e-5, atol=1e-5
+        )
 
 
 # ------------------------------------------------------------------ whole forward vs the spec
@@ -197,13 +204,15 @@ class SpecReferenceDiT:
             return [1 / theta ** (2 * i / dim) for i in range(dim // 2)]
 
         ft, fh, fw = freqs(d_t, 1.0), freqs(d_hw, 3.0), freqs(d_hw, 3.0)
-        return torch.tensor([[p[0] * a for a in ft] + [p[1] * a for a in fh] + [p[2] * a for a in fw]
-                             for p in positions], dtype=torch.float64)
+        return torch.tensor(
+            [[p[0] * a for a in ft] + [p[1] * a for a in fh] + [p[2] * a for a in fw] for p in positions],
+            dtype=torch.float64,
+        )
 
     def rope(self, q, ang):
         """Rotate-half pairs (d, d + D/2), both with angle d."""
         a = ang[None, :, None, :]
-        q1, q2 = q[..., :self.D // 2], q[..., self.D // 2:]
+        q1, q2 = q[..., : self.D // 2], q[..., self.D // 2 :]
         return torch.cat([q1 * a.cos() - q2 * a.sin(), q2 * a.cos() + q1 * a.sin()], -1)
 
     # -- the network
@@ -221,16 +230,23 @@ class SpecReferenceDiT:
             P = f"blocks.{b}."
 
             def modulation(name):
-                m = self.lin(self.lin(self.silu(emb), P + f"adaln_modulation_{name}.1.weight"),
-                             P + f"adaln_modulation_{name}.2.weight") + lora
+                m = (
+                    self.lin(
+                        self.lin(self.silu(emb), P + f"adaln_modulation_{name}.1.weight"),
+                        P + f"adaln_modulation_{name}.2.weight",
+                    )
+                    + lora
+                )
                 return m.chunk(3, -1)  # shift, scale, gate
 
             shift, scale, gate = modulation("self_attn")
             h = self.layer_norm(hid) * (1 + scale) + shift
-            q = self.rope(self.rms(self.heads(self.lin(h, P + "self_attn.q_proj.weight")),
-                                   sd[P + "self_attn.q_norm.weight"]), ang)
-            k = self.rope(self.rms(self.heads(self.lin(h, P + "self_attn.k_proj.weight")),
-                                   sd[P + "self_attn.k_norm.weight"]), ang)
+            q = self.rope(
+                self.rms(self.heads(self.lin(h, P + "self_attn.q_proj.weight")), sd[P + "self_attn.q_norm.weight"]), ang
+            )
+            k = self.rope(
+                self.rms(self.heads(self.lin(h, P + "self_attn.k_proj.weight")), sd[P + "self_attn.k_norm.weight"]), ang
+            )
             v = self.heads(self.lin(h, P + "self_attn.v_proj.weight"))
             written.append((k, v))
             if history is not None:
@@ -248,8 +264,13 @@ class SpecReferenceDiT:
             h = self.layer_norm(hid) * (1 + scale) + shift
             hid = hid + gate * self.lin(self.gelu(self.lin(h, P + "mlp.layer1.weight")), P + "mlp.layer2.weight")
 
-        m = self.lin(self.lin(self.silu(emb), "final_layer.adaln_modulation.1.weight"),
-                     "final_layer.adaln_modulation.2.weight") + lora[..., :2 * self.C]
+        m = (
+            self.lin(
+                self.lin(self.silu(emb), "final_layer.adaln_modulation.1.weight"),
+                "final_layer.adaln_modulation.2.weight",
+            )
+            + lora[..., : 2 * self.C]
+        )
         shift, scale = m.chunk(2, -1)
         o = self.lin(self.layer_norm(hid) * (1 + scale) + shift, "final_layer.linear.weight")
         out = torch.zeros(x.shape, dtype=torch.float64)
@@ -283,14 +304,21 @@ def test_forward_matches_spec_reference():
     want0, kv0 = ref.forward(x0, 803.5714285714286, text, mask, hd0, t_offset=0)
     want1, _ = ref.forward(x1, 128.0, text, torch.zeros_like(mask), hd1, t_offset=2, history=kv0)
 
-    cache = RollingKVCache(num_blocks=TINY.num_blocks, chunk_tokens=T * (H // 2) * (W // 2), window_chunks=3,
-                           heads=TINY.num_heads, head_dim=TINY.head_dim, dtype=torch.float32,
-                           device=torch.device("cpu"))
+    cache = RollingKVCache(
+        num_blocks=TINY.num_blocks,
+        chunk_tokens=T * (H // 2) * (W // 2),
+        window_chunks=3,
+        heads=TINY.num_heads,
+        head_dim=TINY.head_dim,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     cross = model.cross_kv(text.float())
     with torch.no_grad():
         cache.begin_chunk()
-        got0 = model(x0.float(), 803.5714285714286, cross, cond_mask=mask.float(), hdmap=hd0.float(), t_offset=0,
-                     kv_cache=cache)
+        got0 = model(
+            x0.float(), 803.5714285714286, cross, cond_mask=mask.float(), hdmap=hd0.float(), t_offset=0, kv_cache=cache
+        )
         cache.begin_chunk()
         got1 = model(x1.float(), 128.0, cross, hdmap=hd1.float(), t_offset=2, kv_cache=cache)
 

@@ -11,9 +11,15 @@ from safetensors.torch import save_file
 
 from omnivideo.backends import resolve_dtype
 from omnivideo.models.omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT, patchify
-from omnivideo.models.omnidreams_loader import (CheckpointError, build_model, final_rows_to_model,
-                                                final_rows_to_storage, infer_config, load_omnidreams,
-                                                read_state_dict)
+from omnivideo.models.omnidreams_loader import (
+    CheckpointError,
+    build_model,
+    final_rows_to_model,
+    final_rows_to_storage,
+    infer_config,
+    load_omnidreams,
+    read_state_dict,
+)
 
 CPU = torch.device("cpu")
 
@@ -64,6 +70,7 @@ def test_fused_model_equals_the_stored_layout_network():
     rows_stored = (hidden @ sd["final_layer.linear.weight"].T).reshape(1, 2, 2, 2, 2, 2, 16)  # t h w kh kw c
     by_hand = rows_stored.permute(0, 6, 1, 2, 4, 3, 5).reshape(1, 16, 2, 4, 4)
     from omnivideo.models.omnidreams_dit import unpatchify
+
     torch.testing.assert_close(unpatchify(model.final_layer.linear(hidden), 16, 2, 2, 2, 2, 1), by_hand)
 
 

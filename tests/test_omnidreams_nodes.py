@@ -28,7 +28,7 @@ class StandInWanVAE:
         self.calls.append(pixels.clone())
         x = pixels.movedim(-1, 0)[None] * 2 - 1  # [1,3,T,H,W] in [-1,1]
         t = 1 + (x.shape[2] - 1) // 4
-        pooled = torch.nn.functional.avg_pool3d(x[:, :, :1 + (t - 1) * 4], (1, 8, 8))
+        pooled = torch.nn.functional.avg_pool3d(x[:, :, : 1 + (t - 1) * 4], (1, 8, 8))
         frames = torch.cat([pooled[:, :, :1], pooled[:, :, 1:].unflatten(2, (t - 1, 4)).mean(3)], 2)
         return torch.cat([frames] * 6, 1)[:, :16] * 0.5 + 0.25
 
@@ -119,9 +119,15 @@ def test_sampler_dispatch_and_family_mismatch():
 
 def test_node_schemas():
     ids = [n.define_schema().node_id for n in (*nodes.NODES, OmniVideoSampler)]
-    assert ids == ["OmniDreamsModelLoader", "OmniDreamsTextEncoderLoader", "OmniDreamsTextEncode",
-                   "OmniDreamsLoadTextEmbedding", "OmniDreamsEncodeFirstFrame", "OmniDreamsEncodeHDMap",
-                   "OmniVideoSampler"]
+    assert ids == [
+        "OmniDreamsModelLoader",
+        "OmniDreamsTextEncoderLoader",
+        "OmniDreamsTextEncode",
+        "OmniDreamsLoadTextEmbedding",
+        "OmniDreamsEncodeFirstFrame",
+        "OmniDreamsEncodeHDMap",
+        "OmniVideoSampler",
+    ]
     assert "zeros" in nodes.OmniDreamsEncodeHDMap.define_schema().description
 
 
@@ -154,9 +160,16 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
 
     (tmp_path / "elsewhere").mkdir()
     (out_dir / "link").symlink_to(tmp_path / "elsewhere")
-    for bad, why in ((str(tmp_path / "abs.safetensors"), "absolute"), ("/etc/x", "absolute"),
-                     ("../escape", "'..'"), ("prompts/../../escape", "'..'"), ("a/../day", "'..'"),
-                     ("link/x", "outside"), ("x" * 300, "longer than"), ("C:\\x", "absolute")):
+    for bad, why in (
+        (str(tmp_path / "abs.safetensors"), "absolute"),
+        ("/etc/x", "absolute"),
+        ("../escape", "'..'"),
+        ("prompts/../../escape", "'..'"),
+        ("a/../day", "'..'"),
+        ("link/x", "outside"),
+        ("x" * 300, "longer than"),
+        ("C:\\x", "absolute"),
+    ):
         assert "refused" in nodes.OmniDreamsTextEncode.validate_inputs(save_as=bad)
         with pytest.raises(ValueError, match=why):
             nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=bad)

@@ -67,8 +67,9 @@ def context_write_check(model, text, first_frame, seed=42, **rollout_kw):
 
     def observe(k, cache):
         if k == 0:
-            cached.update({b: tuple(t[:, :FRAME_TOKENS].clone() for t in cache.slot_kv(b, 0))
-                           for b in range(TINY.num_blocks)})
+            cached.update(
+                {b: tuple(t[:, :FRAME_TOKENS].clone() for t in cache.slot_kv(b, 0)) for b in range(TINY.num_blocks)}
+            )
 
     x0 = _rollout(model, text, first_frame, seed=seed, observer=observe, **rollout_kw)
     # replay the generator: draws 1, 2, 3 of chunk 0; the third is the context noise
@@ -81,10 +82,10 @@ def context_write_check(model, text, first_frame, seed=42, **rollout_kw):
     mask = torch.zeros(1, 1, 2, H, W)
     mask[:, :, 0] = 1
     kv_clean, kv_noisy = _frame0_kv(model, text, clean, mask), _frame0_kv(model, text, noisy, mask)
-    to_clean = max(float((c - r).abs().max()) for b in range(TINY.num_blocks)
-                   for c, r in zip(cached[b], kv_clean[b]))
-    to_noisy = min(max(float((c - r).abs().max()) for c, r in zip(cached[b], kv_noisy[b]))
-                   for b in range(TINY.num_blocks))
+    to_clean = max(float((c - r).abs().max()) for b in range(TINY.num_blocks) for c, r in zip(cached[b], kv_clean[b]))
+    to_noisy = min(
+        max(float((c - r).abs().max()) for c, r in zip(cached[b], kv_noisy[b])) for b in range(TINY.num_blocks)
+    )
     return to_clean, to_noisy
 
 
@@ -132,7 +133,7 @@ class ExplicitWindowCache:
             past = self.history
         else:
             recent = keep - self.sink
-            past = self.history[:self.sink] + (self.history[c - recent:] if recent else [])
+            past = self.history[: self.sink] + (self.history[c - recent :] if recent else [])
         ks = [h[block][0] for h in past] + [k]
         vs = [h[block][1] for h in past] + [v]
         return torch.cat(ks, dim=1), torch.cat(vs, dim=1)
@@ -161,9 +162,15 @@ def test_window_shifts_exactly_at_chunk_3_and_memory_stays_constant(model, text,
     log = []
 
     def observe(k, cache):
-        log.append({"slot": cache.slot, "visible": cache.visible_tokens, "bytes": cache.nbytes,
-                    "ptrs": [t.data_ptr() for t in (*cache.k, *cache.v)],
-                    "slots": [cache.slot_kv(0, s)[0].clone() for s in range(3)]})
+        log.append(
+            {
+                "slot": cache.slot,
+                "visible": cache.visible_tokens,
+                "bytes": cache.nbytes,
+                "ptrs": [t.data_ptr() for t in (*cache.k, *cache.v)],
+                "slots": [cache.slot_kv(0, s)[0].clone() for s in range(3)],
+            }
+        )
 
     _rollout(model, text, first_frame, num_chunks=6, observer=observe)
     assert [e["slot"] for e in log] == [0, 1, 2, 2, 2, 2]
@@ -192,6 +199,7 @@ def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, mo
     assert caches[-1].k == [] and caches[-1].v == []
 
     from omnivideo import compat
+
     calls = {"n": 0}
 
     def interrupt_on_fifth():
@@ -316,6 +324,7 @@ def test_sample_uses_the_chunk_length_of_the_settings(model, text, first_frame):
 
 def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeypatch):
     from omnivideo import compat
+
     freed = []
     monkeypatch.setattr(pipe.compat, "free_memory", lambda: freed.append(1))
     cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
@@ -349,8 +358,15 @@ class _StubDiT:
         return [None] * TINY.num_blocks
 
     def __call__(self, x, t, cross, *, cond_mask=None, hdmap=None, t_offset=0, kv_cache=None, attention_config=None):
-        self.calls.append({"x": x.clone(), "t": t, "mask": None if cond_mask is None else cond_mask.clone(),
-                           "hd": None if hdmap is None else hdmap.clone(), "offset": t_offset})
+        self.calls.append(
+            {
+                "x": x.clone(),
+                "t": t,
+                "mask": None if cond_mask is None else cond_mask.clone(),
+                "hd": None if hdmap is None else hdmap.clone(),
+                "offset": t_offset,
+            }
+        )
         return _stub_flow(x, t, hdmap)
 
 
@@ -382,7 +398,7 @@ def _spec_replay(num_chunks, first_frame, hd, seed):
     calls, emitted = [], []
     for k in range(num_chunks):
         pin = k == 0
-        hd_k = hd[:, :, 2 * k:2 * k + 2]
+        hd_k = hd[:, :, 2 * k : 2 * k + 2]
 
         def F(x, t):
             if pin:
@@ -408,9 +424,17 @@ def _rollout_vs_spec_replay(first_frame, num_chunks=4, seed=42, **rollout_kw):
     """Mismatches between pipe.rollout (with the stub DiT) and the spec replay; [] = identical."""
     hd = torch.randn(1, 16, 2 * num_chunks + 2, H, W, generator=torch.Generator().manual_seed(10))  # 2 spare
     stub = _StubDiT()
-    out = pipe.rollout(stub, torch.zeros(1, 4, TINY.text_in_dim), num_chunks=num_chunks, latent_hw=(H, W),
-                       seed=seed, first_frame=first_frame, hdmap=hd, cache_factory=lambda **kw: _NullCache(),
-                       **rollout_kw)
+    out = pipe.rollout(
+        stub,
+        torch.zeros(1, 4, TINY.text_in_dim),
+        num_chunks=num_chunks,
+        latent_hw=(H, W),
+        seed=seed,
+        first_frame=first_frame,
+        hdmap=hd,
+        cache_factory=lambda **kw: _NullCache(),
+        **rollout_kw,
+    )
     want, ref_calls = _spec_replay(num_chunks, first_frame, hd, seed)
     problems = []
     if len(stub.calls) != len(ref_calls):

@@ -37,12 +37,16 @@ def test_token_ids_chat_template_and_padding(encoder, monkeypatch):
     assert torch.all(ids[0, n:] == 0)  # padded with pad_token_id
     # the exact chat text: the full system prompt, the user turn, and NO generation prompt
     # (add_generation_prompt=True would append "<|im_start|>assistant\n")
-    assert rendered == ["<|im_start|>system\nYou are a helpful assistant who will provide prompts to an image "
-                        "generator.<|im_end|>\n<|im_start|>user\na car drives down the road<|im_end|>\n"]
+    assert rendered == [
+        "<|im_start|>system\nYou are a helpful assistant who will provide prompts to an image "
+        "generator.<|im_end|>\n<|im_start|>user\na car drives down the road<|im_end|>\n"
+    ]
     # ... and exactly its tokens (the tiny tokenizer is word-level: newlines vanish, "You" is not in its
     # lower-case vocabulary), ending with <|im_end|>
-    expected = ("<|im_start|> system [UNK] are a helpful assistant who will provide prompts to an image generator . "
-                "<|im_end|> <|im_start|> user a car drives down the road <|im_end|>")
+    expected = (
+        "<|im_start|> system [UNK] are a helpful assistant who will provide prompts to an image generator . "
+        "<|im_end|> <|im_start|> user a car drives down the road <|im_end|>"
+    )
     assert encoder.tokenizer.decode(ids[0, :n]) == expected
     assert encoder.tokenizer.convert_ids_to_tokens(ids[0, :n].tolist()) == expected.split()
 
@@ -74,9 +78,8 @@ def test_full_concat_shape_no_mask_and_normalisation(encoder, monkeypatch):
     for layer in (0, 13, LAYERS - 1):
         h = states[layer + 1][0].double()
         centred = h - h.mean(-1, keepdim=True)
-        ref = centred / ((centred ** 2).sum(-1, keepdim=True) / (HIDDEN - 1)).sqrt()  # unbiased
-        torch.testing.assert_close(emb[0, :, layer * HIDDEN:(layer + 1) * HIDDEN].double(), ref, rtol=1e-4,
-                                   atol=1e-4)
+        ref = centred / ((centred**2).sum(-1, keepdim=True) / (HIDDEN - 1)).sqrt()  # unbiased
+        torch.testing.assert_close(emb[0, :, layer * HIDDEN : (layer + 1) * HIDDEN].double(), ref, rtol=1e-4, atol=1e-4)
     chunk = emb[0, :, :HIDDEN]
     torch.testing.assert_close(chunk.std(-1), torch.ones(512), rtol=1e-4, atol=1e-4)
 
@@ -93,6 +96,7 @@ def test_embedding_file_round_trip(tmp_path):
     path = te.save_embedding(str(tmp_path / "p.safetensors"), emb, "a prompt")
     torch.testing.assert_close(te.load_embedding(path), emb)
     from safetensors.torch import save_file
+
     save_file({"other": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
     with pytest.raises(ValueError, match="holds no"):
         te.load_embedding(str(tmp_path / "x.safetensors"))

@@ -58,8 +58,11 @@ def _bait_folder(path, model_type):
 
 
 def _bait_h3_folder(path):
-    for sub, cls in (("transformer", "MiniMaxH3Transformer3DModel"), ("vae", "AutoencoderKLMiniMaxH3"),
-                     ("audio_vae", "AutoencoderKLMiniMaxH3Audio")):
+    for sub, cls in (
+        ("transformer", "MiniMaxH3Transformer3DModel"),
+        ("vae", "AutoencoderKLMiniMaxH3"),
+        ("audio_vae", "AutoencoderKLMiniMaxH3Audio"),
+    ):
         (path / sub).mkdir(parents=True, exist_ok=True)
         (path / sub / "config.json").write_text(json.dumps({"_class_name": cls}))
         save_file({"w": torch.zeros(1)}, str(path / sub / "diffusion_pytorch_model.safetensors"))
@@ -68,18 +71,43 @@ def _bait_h3_folder(path):
 
 # node, input, ComfyUI folder kind, bait maker(outside dir) -> bait path, other inputs for execute
 INPUTS = [
-    (od_nodes.OmniDreamsLoadTextEmbedding, "embedding", "text_encoders",
-     lambda d: _bait_file(d / "bait.safetensors"), {}),
-    (h3_nodes.OmniVideoH3TextEncode, "embedding_file", "text_encoders",
-     lambda d: _bait_file(d / "bait.safetensors"), {"prompt": "a fox"}),
+    (
+        od_nodes.OmniDreamsLoadTextEmbedding,
+        "embedding",
+        "text_encoders",
+        lambda d: _bait_file(d / "bait.safetensors"),
+        {},
+    ),
+    (
+        h3_nodes.OmniVideoH3TextEncode,
+        "embedding_file",
+        "text_encoders",
+        lambda d: _bait_file(d / "bait.safetensors"),
+        {"prompt": "a fox"},
+    ),
     (od_nodes.OmniDreamsModelLoader, "ckpt_name", "diffusion_models", lambda d: _bait_file(d / "bait.pt"), {}),
     (h3_nodes.OmniVideoH3Loader, "folder", "diffusers", lambda d: _bait_h3_folder(d / "bait_h3"), {}),
-    (h3_nodes.OmniVideoH3Loader, "transformer_file", "diffusion_models",
-     lambda d: _bait_file(d / "bait.safetensors"), {"folder": "MiniMax-H3"}),
-    (od_nodes.OmniDreamsTextEncoderLoader, "folder", "text_encoders",
-     lambda d: _bait_folder(d / "bait_cosmos", "qwen2_5_vl"), {}),
-    (h3_nodes.OmniVideoH3TextEncoderLoader, "folder", "text_encoders",
-     lambda d: _bait_folder(d / "bait_qwen3", "qwen3_vl"), {}),
+    (
+        h3_nodes.OmniVideoH3Loader,
+        "transformer_file",
+        "diffusion_models",
+        lambda d: _bait_file(d / "bait.safetensors"),
+        {"folder": "MiniMax-H3"},
+    ),
+    (
+        od_nodes.OmniDreamsTextEncoderLoader,
+        "folder",
+        "text_encoders",
+        lambda d: _bait_folder(d / "bait_cosmos", "qwen2_5_vl"),
+        {},
+    ),
+    (
+        h3_nodes.OmniVideoH3TextEncoderLoader,
+        "folder",
+        "text_encoders",
+        lambda d: _bait_folder(d / "bait_qwen3", "qwen3_vl"),
+        {},
+    ),
 ]
 IDS = [f"{node.__name__}.{name}" for node, name, *_ in INPUTS]
 
@@ -101,8 +129,9 @@ def _attacks(folders, kind, bait):
 
 
 @pytest.mark.parametrize("node, name, kind, make_bait, others", INPUTS, ids=IDS)
-def test_hostile_names_are_refused_and_nothing_outside_is_opened(node, name, kind, make_bait, others, tmp_path,
-                                                                 comfy_folders, opened):
+def test_hostile_names_are_refused_and_nothing_outside_is_opened(
+    node, name, kind, make_bait, others, tmp_path, comfy_folders, opened
+):
     bait = make_bait(tmp_path / "outside")
     attacks = _attacks(comfy_folders, kind, bait)
     opened.clear()  # making the bait opened it
@@ -133,14 +162,23 @@ def test_a_link_placed_in_a_models_folder_is_followed_as_core_does(tmp_path, com
     assert listed == ["shared/prompt.safetensors"]
     assert od_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(embedding="shared/prompt.safetensors") is True
     assert "not an OmniDreams prompt embedding" in od_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(
-        embedding="shared/weights.safetensors")
+        embedding="shared/weights.safetensors"
+    )
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("", "no name"), ("  ", "no name"), ("a\x00b", "control characters"), ("x" * 2000, "characters long"),
-    ("/".join(["a"] * 20), "folder levels"), ("C:evil.pt", "absolute"), ("\\\\server\\share\\x.pt", "absolute"),
-    ("a/" + "b" * 300 + ".pt", "longer than 255 bytes"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("", "no name"),
+        ("  ", "no name"),
+        ("a\x00b", "control characters"),
+        ("x" * 2000, "characters long"),
+        ("/".join(["a"] * 20), "folder levels"),
+        ("C:evil.pt", "absolute"),
+        ("\\\\server\\share\\x.pt", "absolute"),
+        ("a/" + "b" * 300 + ".pt", "longer than 255 bytes"),
+    ],
+)
 def test_name_rules(bad, why):
     assert why in safe_paths.name_problem(bad)
 
@@ -152,6 +190,7 @@ def test_names_that_stay_inside_are_fine():
 
 # ------------------------------------------------------------------------------------------------------------
 # dropdowns list exactly the valid choices
+
 
 def test_dropdowns_list_exactly_what_the_nodes_accept(comfy_folders):
     encoders = comfy_folders.models("text_encoders")
@@ -191,6 +230,7 @@ def test_dropdowns_list_exactly_what_the_nodes_accept(comfy_folders):
 
 # ------------------------------------------------------------------------------------------------------------
 # item 5: unreadable files get an error that names the file and says what to do
+
 
 def test_text_file_named_pt(tmp_path):
     path = tmp_path / "notes.pt"
@@ -262,6 +302,9 @@ def test_truncated_h3_vae_names_the_file(tmp_path):
     root = write_folder(tmp_path / "MiniMax-H3", *make_models(seed=0))
     weights = root / "vae" / "diffusion_pytorch_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match=r"vae/diffusion_pytorch_model.safetensors cannot be read .*header "
-                                              r"describes \d+ bytes of tensors, the file holds \d+.*again"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"vae/diffusion_pytorch_model.safetensors cannot be read .*header "
+        r"describes \d+ bytes of tensors, the file holds \d+.*again",
+    ):
         load_h3(root, "fp32")  # found by the header check, before the transformer is loaded

@@ -15,7 +15,6 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-
 from wan_vae_fixtures import FakeComfyVAE, StateDictModule, decode, randomize, tiny_from_config, to_original_names
 
 from omnivideo.models import wan_vae_convert as wc
@@ -23,8 +22,18 @@ from omnivideo.models import wan_vae_convert as wc
 # 2.1: diffusers' converter hard-codes the released depth (4 levels, 2 res blocks); only widths shrink.
 TINY21 = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2)
 # 2.2: our own mapping, so a layout that differs from the release in depth and widths too.
-TINY22 = dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-              is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)
+TINY22 = dict(
+    base_dim=8,
+    decoder_base_dim=12,
+    z_dim=6,
+    dim_mult=[1, 2, 2, 2],
+    num_res_blocks=1,
+    is_residual=True,
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    scale_factor_spatial=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +219,13 @@ def _comfy_wan_modules(comfyui_path):
 def test_comfy_wanvae_matches(version, capsys, comfyui_path):
     vae21, vae22 = _comfy_wan_modules(comfyui_path)
     tiny = TINY21 if version == "2.1" else TINY22
-    geometry = dict(z_dim=tiny["z_dim"], dim_mult=tiny["dim_mult"], num_res_blocks=tiny["num_res_blocks"],
-                    attn_scales=[], temperal_downsample=[False, True, True])  # what comfy.sd.VAE passes
+    geometry = dict(
+        z_dim=tiny["z_dim"],
+        dim_mult=tiny["dim_mult"],
+        num_res_blocks=tiny["num_res_blocks"],
+        attn_scales=[],
+        temperal_downsample=[False, True, True],
+    )  # what comfy.sd.VAE passes
     if version == "2.1":
         comfy_model = vae21.WanVAE(dim=tiny["base_dim"], **geometry)
     else:
@@ -227,8 +241,14 @@ def test_comfy_wanvae_matches(version, capsys, comfyui_path):
     vae = FakeComfyVAE(comfy_model, latent_channels=tiny["z_dim"])
     ours = wc.diffusers_vae_from_comfy(vae)
     assert ours.config.z_dim == vae.latent_channels
-    z = torch.randn(1, tiny["z_dim"], 3, 4 if version == "2.1" else 2, 4 if version == "2.1" else 2,
-                    generator=torch.Generator().manual_seed(5))
+    z = torch.randn(
+        1,
+        tiny["z_dim"],
+        3,
+        4 if version == "2.1" else 2,
+        4 if version == "2.1" else 2,
+        generator=torch.Generator().manual_seed(5),
+    )
     with torch.no_grad():
         want = comfy_model.decode(z).clamp(-1, 1)  # diffusers clamps inside decode, ComfyUI afterwards
     got = decode(ours, z)

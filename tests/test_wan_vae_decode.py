@@ -152,9 +152,11 @@ def test_select_fusion_maps_node_choices():
 
 @pytest.mark.parametrize(
     "shape, message",
-    [((1, 16, 2, 4, 4), "16 channels but this Wan 2.1 VAE decodes 4-channel"),
-     ((1, 4, 4, 4), r"needs a video latent \[B, C, T, H, W\]"),
-     ((1, 4, 0, 4, 4), "empty")],
+    [
+        ((1, 16, 2, 4, 4), "16 channels but this Wan 2.1 VAE decodes 4-channel"),
+        ((1, 4, 4, 4), r"needs a video latent \[B, C, T, H, W\]"),
+        ((1, 4, 0, 4, 4), "empty"),
+    ],
 )
 def test_validate_latent_messages(shape, message):
     vae = tiny_wan_vae("2.1")

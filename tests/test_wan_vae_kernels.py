@@ -123,7 +123,7 @@ def test_keep_cache_follows_diffusers_chunk_loop(impl):
     for i, t in enumerate([1, 1, 2, 4, 1]):
         x = _rand((1, 3, t, 4, 4), layout="cl", seed=10 + i)
         # diffusers WanResidualBlock / WanDecoder3d, verbatim
-        cache_x = x[:, :, -ref.CACHE_T:, :, :].clone()
+        cache_x = x[:, :, -ref.CACHE_T :, :, :].clone()
         if cache_x.shape[2] < 2 and want_cache is not None:
             cache_x = torch.cat([want_cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
         want_p, _ = ref.cat_pad_5d(x, want_cache, pad, 0)
@@ -186,8 +186,9 @@ def _main(shape, dtype, layout, seed=5):
     return _rand(shape, dtype, layout, seed)
 
 
-def _check_dup(impl, ft, fs, r, drop, dtype=torch.float32, layout="ncdhw", src_layout="ncdhw",
-               b=2, cout=2, t=2, h=2, w=3):
+def _check_dup(
+    impl, ft, fs, r, drop, dtype=torch.float32, layout="ncdhw", src_layout="ncdhw", b=2, cout=2, t=2, h=2, w=3
+):
     cin = cout * ft * fs * fs // r
     source = _rand((b, cin, t, h, w), dtype, src_layout, seed=4)
     main = _main((b, cout, t * ft - (ft - 1 if drop else 0), h * fs, w * fs), dtype, layout)
@@ -233,9 +234,17 @@ def test_reference_dup_up3d_is_diffusers():
 
 def test_bf16_add_rounds_to_nearest_even(impl):
     """fp32 sums whose bf16 truncation differs from round-to-nearest-even (the interpreter truncates)."""
-    ulp, big = 2.0 ** -7, 2.0 ** 120  # bf16 spacing in [1, 2) and at the largest finite bf16
-    pairs = [(1.0, 1.5 * ulp), (1.0, 0.75 * ulp), (1.0, 0.5 * ulp), (1 + ulp, 0.5 * ulp), (-1.0, -1.5 * ulp),
-             (3.0, 3 * ulp), (float("inf"), 1.0), ((2 - ulp) * 2.0 ** 127, 0.75 * big)]  # last: rounds to inf
+    ulp, big = 2.0**-7, 2.0**120  # bf16 spacing in [1, 2) and at the largest finite bf16
+    pairs = [
+        (1.0, 1.5 * ulp),
+        (1.0, 0.75 * ulp),
+        (1.0, 0.5 * ulp),
+        (1 + ulp, 0.5 * ulp),
+        (-1.0, -1.5 * ulp),
+        (3.0, 3 * ulp),
+        (float("inf"), 1.0),
+        ((2 - ulp) * 2.0**127, 0.75 * big),
+    ]  # last: rounds to inf
     main_vals = torch.tensor([m for m, _ in pairs]).bfloat16()
     src_vals = torch.tensor([s for _, s in pairs]).bfloat16()
     assert torch.equal(main_vals.float(), torch.tensor([m for m, _ in pairs]))  # inputs exact in bf16
@@ -260,7 +269,7 @@ def test_bf16_add_rounds_to_nearest_even(impl):
 
 
 def test_fp16_add_rounds_to_nearest_even(impl):
-    ulp = 2.0 ** -10
+    ulp = 2.0**-10
     main = torch.full((1, 1, 1, 2, 2), 1.0, dtype=torch.float16, device=DEVICE)
     source = torch.tensor([1.5 * ulp, 0.5 * ulp], dtype=torch.float16).view(1, 2, 1, 1, 1).to(DEVICE)
     _same(impl.dup_up3d_add(main, source, 1, 2, 2, False), ref.dup_up3d_add(main, source, 1, 2, 2, False))

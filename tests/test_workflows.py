@@ -68,45 +68,137 @@ def _opt(name, type, **kw):
 
 
 SAMPLERS = [
-    "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2", "dpm_2",
-    "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_2s_ancestral_cfg_pp",
-    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu",
-    "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde", "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm",
-    "ipndm_v", "deis", "res_multistep", "res_multistep_cfg_pp", "res_multistep_ancestral",
-    "res_multistep_ancestral_cfg_pp", "gradient_estimation", "gradient_estimation_cfg_pp", "er_sde", "seeds_2",
-    "seeds_3", "sa_solver", "sa_solver_pece", "ddim", "uni_pc", "uni_pc_bh2",
+    "euler",
+    "euler_cfg_pp",
+    "euler_ancestral",
+    "euler_ancestral_cfg_pp",
+    "heun",
+    "heunpp2",
+    "dpm_2",
+    "dpm_2_ancestral",
+    "lms",
+    "dpm_fast",
+    "dpm_adaptive",
+    "dpmpp_2s_ancestral",
+    "dpmpp_2s_ancestral_cfg_pp",
+    "dpmpp_sde",
+    "dpmpp_sde_gpu",
+    "dpmpp_2m",
+    "dpmpp_2m_cfg_pp",
+    "dpmpp_2m_sde",
+    "dpmpp_2m_sde_gpu",
+    "dpmpp_2m_sde_heun",
+    "dpmpp_2m_sde_heun_gpu",
+    "dpmpp_3m_sde",
+    "dpmpp_3m_sde_gpu",
+    "ddpm",
+    "lcm",
+    "ipndm",
+    "ipndm_v",
+    "deis",
+    "res_multistep",
+    "res_multistep_cfg_pp",
+    "res_multistep_ancestral",
+    "res_multistep_ancestral_cfg_pp",
+    "gradient_estimation",
+    "gradient_estimation_cfg_pp",
+    "er_sde",
+    "seeds_2",
+    "seeds_3",
+    "sa_solver",
+    "sa_solver_pece",
+    "ddim",
+    "uni_pc",
+    "uni_pc_bh2",
 ]
-SCHEDULERS = ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal",
-              "linear_quadratic", "kl_optimal"]
-CLIP_TYPES = ["stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
-              "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image"]
+SCHEDULERS = [
+    "simple",
+    "sgm_uniform",
+    "karras",
+    "exponential",
+    "ddim_uniform",
+    "beta",
+    "normal",
+    "linear_quadratic",
+    "kl_optimal",
+]
+CLIP_TYPES = [
+    "stable_diffusion",
+    "stable_cascade",
+    "sd3",
+    "stable_audio",
+    "mochi",
+    "ltxv",
+    "pixart",
+    "cosmos",
+    "lumina2",
+    "wan",
+    "hidream",
+    "chroma",
+    "ace",
+    "omnigen2",
+    "qwen_image",
+    "hunyuan_image",
+]
 
 # The core nodes our workflows (and integration tests) use, as ComfyUI v0.3.64 defines them.
 CORE_NODES: dict[str, Sig] = {
     "VAELoader": Sig([In("vae_name", "COMBO", choices=FILE_LIST)], ["VAE"]),
-    "UNETLoader": Sig([In("unet_name", "COMBO", choices=FILE_LIST),
-                       In("weight_dtype", "COMBO", choices=["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"])],
-                      ["MODEL"]),
-    "CLIPLoader": Sig([In("clip_name", "COMBO", choices=FILE_LIST), In("type", "COMBO", choices=CLIP_TYPES),
-                       _opt("device", "COMBO", choices=["default", "cpu"])], ["CLIP"]),
+    "UNETLoader": Sig(
+        [
+            In("unet_name", "COMBO", choices=FILE_LIST),
+            In("weight_dtype", "COMBO", choices=["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]),
+        ],
+        ["MODEL"],
+    ),
+    "CLIPLoader": Sig(
+        [
+            In("clip_name", "COMBO", choices=FILE_LIST),
+            In("type", "COMBO", choices=CLIP_TYPES),
+            _opt("device", "COMBO", choices=["default", "cpu"]),
+        ],
+        ["CLIP"],
+    ),
     "CLIPTextEncode": Sig([In("text", "STRING"), In("clip", "CLIP")], ["CONDITIONING"]),
     "ModelSamplingSD3": Sig([In("model", "MODEL"), In("shift", "FLOAT", min=0.0, max=100.0)], ["MODEL"]),
-    "EmptyHunyuanLatentVideo": Sig([In("width", "INT", min=16, max=MAX_RESOLUTION),
-                                    In("height", "INT", min=16, max=MAX_RESOLUTION),
-                                    In("length", "INT", min=1, max=MAX_RESOLUTION),
-                                    In("batch_size", "INT", min=1, max=4096)], ["LATENT"]),
-    "KSampler": Sig([In("model", "MODEL"),
-                     In("seed", "INT", min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-                     In("steps", "INT", min=1, max=10000), In("cfg", "FLOAT", min=0.0, max=100.0),
-                     In("sampler_name", "COMBO", choices=SAMPLERS), In("scheduler", "COMBO", choices=SCHEDULERS),
-                     In("positive", "CONDITIONING"), In("negative", "CONDITIONING"), In("latent_image", "LATENT"),
-                     In("denoise", "FLOAT", min=0.0, max=1.0)], ["LATENT"]),
+    "EmptyHunyuanLatentVideo": Sig(
+        [
+            In("width", "INT", min=16, max=MAX_RESOLUTION),
+            In("height", "INT", min=16, max=MAX_RESOLUTION),
+            In("length", "INT", min=1, max=MAX_RESOLUTION),
+            In("batch_size", "INT", min=1, max=4096),
+        ],
+        ["LATENT"],
+    ),
+    "KSampler": Sig(
+        [
+            In("model", "MODEL"),
+            In("seed", "INT", min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+            In("steps", "INT", min=1, max=10000),
+            In("cfg", "FLOAT", min=0.0, max=100.0),
+            In("sampler_name", "COMBO", choices=SAMPLERS),
+            In("scheduler", "COMBO", choices=SCHEDULERS),
+            In("positive", "CONDITIONING"),
+            In("negative", "CONDITIONING"),
+            In("latent_image", "LATENT"),
+            In("denoise", "FLOAT", min=0.0, max=1.0),
+        ],
+        ["LATENT"],
+    ),
     "VAEDecode": Sig([In("samples", "LATENT"), In("vae", "VAE")], ["IMAGE"]),
-    "CreateVideo": Sig([In("images", "IMAGE"), In("fps", "FLOAT", min=1.0, max=120.0), _opt("audio", "AUDIO")],
-                       ["VIDEO"]),
-    "SaveVideo": Sig([In("video", "VIDEO"), In("filename_prefix", "STRING"),
-                      In("format", "COMBO", choices=["auto", "mp4"]), In("codec", "COMBO", choices=["auto", "h264"])],
-                     [], output_node=True),
+    "CreateVideo": Sig(
+        [In("images", "IMAGE"), In("fps", "FLOAT", min=1.0, max=120.0), _opt("audio", "AUDIO")], ["VIDEO"]
+    ),
+    "SaveVideo": Sig(
+        [
+            In("video", "VIDEO"),
+            In("filename_prefix", "STRING"),
+            In("format", "COMBO", choices=["auto", "mp4"]),
+            In("codec", "COMBO", choices=["auto", "h264"]),
+        ],
+        [],
+        output_node=True,
+    ),
     "SaveImage": Sig([In("images", "IMAGE"), In("filename_prefix", "STRING")], [], output_node=True),
     "LoadLatent": Sig([In("latent", "COMBO", choices=FILE_LIST)], ["LATENT"]),
     # the UI stores a second widget value for the upload button ("image"); the API has no such input
@@ -118,6 +210,7 @@ CORE_NODES: dict[str, Sig] = {
 
 # ---------------------------------------------------------------------------------------------------------------
 # Our nodes: signatures read from define_schema() (works with the real comfy_api io and with compat's fallback)
+
 
 def _port_attr(port, key):
     opts = getattr(port, "options", None)
@@ -144,9 +237,17 @@ def signature_from_schema(schema) -> Sig:
         choices = _port_attr(p, "options") if t == "COMBO" else None
         if t == "COMBO" and not choices:  # a model-folder file list: empty outside ComfyUI
             choices = FILE_LIST
-        inputs.append(In(p.id, t, required=not bool(getattr(p, "optional", False)), min=_port_attr(p, "min"),
-                         max=_port_attr(p, "max"), choices=choices,
-                         control_after_generate=bool(_port_attr(p, "control_after_generate"))))
+        inputs.append(
+            In(
+                p.id,
+                t,
+                required=not bool(getattr(p, "optional", False)),
+                min=_port_attr(p, "min"),
+                max=_port_attr(p, "max"),
+                choices=choices,
+                control_after_generate=bool(_port_attr(p, "control_after_generate")),
+            )
+        )
     flags = getattr(schema, "flags", {}) or {}
     output_node = bool(getattr(schema, "is_output_node", False) or flags.get("is_output_node", False))
     return Sig(inputs, [_io_type(o) for o in schema.outputs], output_node=output_node, ours=True)
@@ -167,6 +268,7 @@ def all_signatures() -> dict[str, Sig]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Validators: each returns a list of readable errors (empty = valid)
+
 
 def check_value(where: str, spec: In, value) -> list[str]:
     t = spec.type
@@ -206,8 +308,13 @@ def _types_match(out_type: str, in_type: str) -> bool:
 
 
 def _is_link(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int) \
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], int)
         and not isinstance(value[1], bool)
+    )
 
 
 def _cycle(edges: dict) -> bool:
@@ -229,7 +336,7 @@ def _cycle(edges: dict) -> bool:
 
 def validate_api(graph, sigs: dict[str, Sig]) -> list[str]:
     if not isinstance(graph, dict) or not graph or "nodes" in graph:
-        return ["not an API-format graph: expected {\"<id>\": {\"class_type\": ..., \"inputs\": {...}}}"]
+        return ['not an API-format graph: expected {"<id>": {"class_type": ..., "inputs": {...}}}']
     errors, edges = [], {}
     for nid, node in graph.items():
         if not isinstance(node, dict) or "class_type" not in node or not isinstance(node.get("inputs"), dict):
@@ -260,15 +367,19 @@ def validate_api(graph, sigs: dict[str, Sig]) -> list[str]:
                 elif src_sig is None:
                     continue  # reported on the source node
                 elif not 0 <= slot < len(src_sig.outputs):
-                    errors.append(f"{where}: link to slot {slot} of {src['class_type']}, which has "
-                                  f"{len(src_sig.outputs)} outputs")
+                    errors.append(
+                        f"{where}: link to slot {slot} of {src['class_type']}, which has {len(src_sig.outputs)} outputs"
+                    )
                 elif not _types_match(src_sig.outputs[slot], spec.type):
-                    errors.append(f"{where}: expects {spec.type}, linked to {src['class_type']} output {slot} "
-                                  f"({src_sig.outputs[slot]})")
+                    errors.append(
+                        f"{where}: expects {spec.type}, linked to {src['class_type']} output {slot} "
+                        f"({src_sig.outputs[slot]})"
+                    )
             else:
                 errors += check_value(where, spec, value)
-    if not any(sigs[n["class_type"]].output_node for n in graph.values()
-               if isinstance(n, dict) and n.get("class_type") in sigs):
+    if not any(
+        sigs[n["class_type"]].output_node for n in graph.values() if isinstance(n, dict) and n.get("class_type") in sigs
+    ):
         errors.append("no output node: ComfyUI would run nothing")
     if _cycle(edges):
         errors.append("the graph has a cycle")
@@ -363,8 +474,9 @@ def validate_ui(wf, sigs: dict[str, Sig]) -> list[str]:
             continue
         expected = sum(1 + w.control_after_generate for w in sig.widgets)
         if len(values) != expected:
-            errors.append(f"{where}: {len(values)} widgets_values, expected {expected} "
-                          f"({[w.name for w in sig.widgets]})")
+            errors.append(
+                f"{where}: {len(values)} widgets_values, expected {expected} ({[w.name for w in sig.widgets]})"
+            )
             continue
         i = 0
         for w in sig.widgets:
@@ -386,8 +498,9 @@ def validate_ui(wf, sigs: dict[str, Sig]) -> list[str]:
         if not 0 <= src_slot < len(s_sig.outputs):
             errors.append(f"link {lid}: {s['type']} has no output slot {src_slot}")
             continue
-        if lid not in (s.get("outputs", [])[src_slot].get("links") or [] if src_slot < len(s.get("outputs", []))
-                       else []):
+        if lid not in (
+            s.get("outputs", [])[src_slot].get("links") or [] if src_slot < len(s.get("outputs", [])) else []
+        ):
             errors.append(f"link {lid}: not listed in node {src} output {src_slot}")
         if not 0 <= dst_slot < len(d.get("inputs", [])):
             errors.append(f"link {lid}: node {dst} has no input slot {dst_slot}")
@@ -449,6 +562,7 @@ def compare_ui_api(wf, api, sigs) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # Discovery
 
+
 def ui_files() -> list[Path]:
     return sorted(p for p in WORKFLOWS.rglob("*.json") if not p.name.endswith(".api.json"))
 
@@ -494,7 +608,10 @@ def test_our_signatures_are_read_from_the_schema(sigs):
     """Guards the validator itself: if schema introspection broke, the checks below would be vacuous."""
     dec = sigs["OmniVideoWanVAEDecode"]
     assert [(i.name, i.type, i.required) for i in dec.inputs] == [
-        ("vae", "VAE", True), ("samples", "LATENT", True), ("fusion", "COMBO", True)]
+        ("vae", "VAE", True),
+        ("samples", "LATENT", True),
+        ("fusion", "COMBO", True),
+    ]
     assert set(dec.input("fusion").choices) >= {"auto", "triton", "torch", "off"}
     assert dec.outputs == ["IMAGE"]
     info = sigs["OmniVideoBackendInfo"]
@@ -533,8 +650,10 @@ def template_sync_errors(ui: list[Path], templates: list[Path]) -> list[str]:
         if src is None:
             errors.append(f"example_workflows/{t.name} has no source under workflows/")
         elif src.read_bytes() != t.read_bytes():
-            errors.append(f"example_workflows/{t.name} differs from {_rel(src)}: copy it again "
-                          f"(cp {_rel(src)} example_workflows/)")
+            errors.append(
+                f"example_workflows/{t.name} differs from {_rel(src)}: copy it again "
+                f"(cp {_rel(src)} example_workflows/)"
+            )
     return errors
 
 
@@ -555,6 +674,7 @@ MUTATED = ("wan_vae_decode_only", "wan21_t2v_fused_decode")
 def _mutation_targets(files):
     return [p for p in files if p.name.split(".")[0] in MUTATED]
 
+
 def _api_node(graph, class_type):
     return next(nid for nid, n in graph.items() if n["class_type"] == class_type)
 
@@ -573,24 +693,41 @@ def _api_remove_output(g):
 
 
 API_BREAKS = {
-    "unknown class_type": (lambda g: g[_api_node(g, "VAELoader")].update(class_type="NoSuchNode"), "unknown class_type"),
-    "required input missing": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].pop("samples"),
-                               "required input missing"),
-    "illegal combo value": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(fusion="fastest"),
-                            "is not one of"),
+    "unknown class_type": (
+        lambda g: g[_api_node(g, "VAELoader")].update(class_type="NoSuchNode"),
+        "unknown class_type",
+    ),
+    "required input missing": (
+        lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].pop("samples"),
+        "required input missing",
+    ),
+    "illegal combo value": (
+        lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(fusion="fastest"),
+        "is not one of",
+    ),
     "INT below min": (lambda g: g[_api_node(g, "EmptyHunyuanLatentVideo")]["inputs"].update(width=8), "< min"),
     "FLOAT above max": (lambda g: g[_api_node(g, "CreateVideo")]["inputs"].update(fps=500.0), "> max"),
-    "wrong literal type": (lambda g: g[_api_node(g, "EmptyHunyuanLatentVideo")]["inputs"].update(length="33"),
-                           "INT expected"),
-    "link to missing node": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(samples=["999", 0]),
-                             "missing node"),
-    "link to missing slot": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(
-        vae=[_api_node(g, "VAELoader"), 3]), "outputs"),
+    "wrong literal type": (
+        lambda g: g[_api_node(g, "EmptyHunyuanLatentVideo")]["inputs"].update(length="33"),
+        "INT expected",
+    ),
+    "link to missing node": (
+        lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(samples=["999", 0]),
+        "missing node",
+    ),
+    "link to missing slot": (
+        lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(vae=[_api_node(g, "VAELoader"), 3]),
+        "outputs",
+    ),
     "link type mismatch": (_api_break_type, "expects LATENT"),
-    "unknown input": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(fusoin="auto"),
-                      "unknown input"),
-    "socket given a literal": (lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(vae="wan.pt"),
-                               "must come from a link"),
+    "unknown input": (
+        lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(fusoin="auto"),
+        "unknown input",
+    ),
+    "socket given a literal": (
+        lambda g: g[_api_node(g, "OmniVideoWanVAEDecode")]["inputs"].update(vae="wan.pt"),
+        "must come from a link",
+    ),
     "no output node": (_api_remove_output, "no output node"),
 }
 
@@ -622,19 +759,27 @@ def _ui_swap_inputs(wf):
 
 
 UI_BREAKS = {
-    "widgets_values too long": (lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode")["widgets_values"].append("x"),
-                                "widgets_values, expected"),
-    "illegal combo widget": (lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode").update(widgets_values=["fastest"]),
-                             "is not one of"),
+    "widgets_values too long": (
+        lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode")["widgets_values"].append("x"),
+        "widgets_values, expected",
+    ),
+    "illegal combo widget": (
+        lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode").update(widgets_values=["fastest"]),
+        "is not one of",
+    ),
     "widget order swapped": (lambda wf: _ui_node(wf, "SaveVideo")["widgets_values"].reverse(), "is not one of"),
-    "INT widget out of range": (lambda wf: _ui_node(wf, "EmptyHunyuanLatentVideo")["widgets_values"].__setitem__(
-        0, 100000), "> max"),
+    "INT widget out of range": (
+        lambda wf: _ui_node(wf, "EmptyHunyuanLatentVideo")["widgets_values"].__setitem__(0, 100000),
+        "> max",
+    ),
     "link type mismatch": (_ui_wrong_link_type, "type 'NOT_A_TYPE'"),
     "dangling link": (_ui_dangling_link, "is not in links"),
     "inputs swapped": (_ui_swap_inputs, "ends at node"),
     "unknown node type": (lambda wf: _ui_node(wf, "CreateVideo").update(type="CreateVideoo"), "unknown node type"),
-    "wrong cnr_id": (lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode")["properties"].update(cnr_id="comfy-core"),
-                     "cnr_id"),
+    "wrong cnr_id": (
+        lambda wf: _ui_node(wf, "OmniVideoWanVAEDecode")["properties"].update(cnr_id="comfy-core"),
+        "cnr_id",
+    ),
     "wrong version": (lambda wf: wf.update(version=0.3), "version"),
 }
 

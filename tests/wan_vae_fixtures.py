@@ -7,13 +7,25 @@ import re
 import torch
 from diffusers import AutoencoderKLWan
 
-TINY_WAN21 = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                  latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+TINY_WAN21 = dict(
+    base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2, latents_mean=[0.0] * 4, latents_std=[1.0] * 4
+)
 # Wan 2.2 TI2V-5B layout: residual up blocks with DupUp3D (factor_t, factor_s, repeats) =
 # (2, 2, 8), (2, 2, 8), (1, 2, 2) as in the real VAE, patch size 2, 12 in/out channels.
-TINY_WAN22 = dict(base_dim=8, decoder_base_dim=8, z_dim=8, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                  is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
-                  latents_mean=[0.0] * 8, latents_std=[1.0] * 8)
+TINY_WAN22 = dict(
+    base_dim=8,
+    decoder_base_dim=8,
+    z_dim=8,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=1,
+    is_residual=True,
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    scale_factor_spatial=16,
+    latents_mean=[0.0] * 8,
+    latents_std=[1.0] * 8,
+)
 CONFIGS = {"2.1": TINY_WAN21, "2.2": TINY_WAN22}
 
 
@@ -44,14 +56,19 @@ def to_channels_last_3d(vae: AutoencoderKLWan) -> AutoencoderKLWan:
 # Independent inverse mapping: diffusers names -> original Wan names
 # ---------------------------------------------------------------------------------------------
 
-_RES = [("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."), ("norm2.gamma", "residual.3.gamma"),
-        ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")]
+_RES = [
+    ("norm1.gamma", "residual.0.gamma"),
+    ("conv1.", "residual.2."),
+    ("norm2.gamma", "residual.3.gamma"),
+    ("conv2.", "residual.6."),
+    ("conv_shortcut.", "shortcut."),
+]
 
 
 def _res_leaf(leaf: str) -> str:
     for diffusers_name, original in _RES:
         if leaf.startswith(diffusers_name):
-            return original + leaf[len(diffusers_name):]
+            return original + leaf[len(diffusers_name) :]
     raise AssertionError(f"unknown resnet leaf {leaf}")
 
 
@@ -102,7 +119,7 @@ def randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             else:
                 fan_in = max(1, p[0].numel()) if p.dim() > 1 else 16
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
     return model.eval()
 
 

@@ -71,8 +71,13 @@ def snap_frames(frames: int, geo: H3Geometry) -> int:
             f"Use between {lo} and {hi} frames."
         )
     if aligned != frames:
-        log.info("omnivideo h3: frames %d snapped up to %d (%dn+%d)", frames, aligned,
-                 geo.frames_per_chunk, geo.latents_per_chunk)
+        log.info(
+            "omnivideo h3: frames %d snapped up to %d (%dn+%d)",
+            frames,
+            aligned,
+            geo.frames_per_chunk,
+            geo.latents_per_chunk,
+        )
     return aligned
 
 

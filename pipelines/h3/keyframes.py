@@ -45,8 +45,9 @@ def place_on_canvas(images: list[Image.Image], width: int, height: int) -> list[
     return out
 
 
-def encode_keyframes(vae, first: Image.Image | None, last: Image.Image | None, width: int, height: int,
-                     device: torch.device) -> dict:
+def encode_keyframes(
+    vae, first: Image.Image | None, last: Image.Image | None, width: int, height: int, device: torch.device
+) -> dict:
     """-> {"latents": [CPU fp32 (1, C, 1, h, w)], "anchors": ("first"/"last", ...), "images": [PIL], width, height}."""
     pairs = [(a, im) for a, im in (("first", first), ("last", last)) if im is not None]
     if not pairs:
@@ -57,5 +58,10 @@ def encode_keyframes(vae, first: Image.Image | None, last: Image.Image | None, w
         for img in placed:
             pixels = torch.from_numpy(np.array(img)).to(device).permute(2, 0, 1)[None, :, None]
             latents.append(encode_vae_condition(vae, pixels, PIXEL_MEAN, PIXEL_STD, ENCODE_SEED))
-    return {"latents": latents, "anchors": tuple(a for a, _ in pairs), "images": placed, "width": width,
-            "height": height}
+    return {
+        "latents": latents,
+        "anchors": tuple(a for a, _ in pairs),
+        "images": placed,
+        "width": width,
+        "height": height,
+    }

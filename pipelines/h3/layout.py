@@ -58,26 +58,45 @@ class H3Layout:
     def row_timesteps(self, video_t: float, audio_t: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(distinct timesteps, per-row index) for one step; keyframe rows sit at max(t, 0.999)."""
         unique, index = MiniMaxH3SetTimestepsStep.build_row_timesteps(
-            self.video_indices.cpu(), self.audio_indices.cpu(), self.num_condition_video_rows, 0, self.num_text,
-            float(video_t), float(audio_t), max(float(video_t), KEYFRAME_T), 1.0,
+            self.video_indices.cpu(),
+            self.audio_indices.cpu(),
+            self.num_condition_video_rows,
+            0,
+            self.num_text,
+            float(video_t),
+            float(audio_t),
+            max(float(video_t), KEYFRAME_T),
+            1.0,
         )
         if self.total_len > self.real_len:  # padding rows reuse entry 0; their outputs are never read
             index = torch.cat([index, index.new_zeros(self.total_len - self.real_len)])
         return unique, index
 
-    def to(self, device) -> "H3Layout":
+    def to(self, device) -> H3Layout:
         for name in ("position_ids", "token_tags", "video_indices", "audio_indices", "text_indices"):
             setattr(self, name, getattr(self, name).to(device))
         return self
 
 
-def build_layout(text_token_tags: torch.Tensor, shape: H3Shape, geo: H3Geometry,
-                 keyframe_anchors: tuple[str, ...] = (), pad_to: int | None = None) -> H3Layout:
+def build_layout(
+    text_token_tags: torch.Tensor,
+    shape: H3Shape,
+    geo: H3Geometry,
+    keyframe_anchors: tuple[str, ...] = (),
+    pad_to: int | None = None,
+) -> H3Layout:
     position_ids, token_tags, video_idx, audio_idx, text_idx, n_cond, _ = (
         MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-            text_token_tags.cpu(), shape.num_latent_frames, shape.latent_height, shape.latent_width,
-            shape.num_audio_latents, tuple(geo.patch_size), AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG,
-            MINIMAX_H3_VIDEO_TAG, tuple(keyframe_anchors),
+            text_token_tags.cpu(),
+            shape.num_latent_frames,
+            shape.latent_height,
+            shape.latent_width,
+            shape.num_audio_latents,
+            tuple(geo.patch_size),
+            AUDIO_CHANNELS,
+            MINIMAX_H3_AUDIO_TAG,
+            MINIMAX_H3_VIDEO_TAG,
+            tuple(keyframe_anchors),
         )
     )
     _, ph, pw = geo.patch_size
@@ -92,16 +111,29 @@ def build_layout(text_token_tags: torch.Tensor, shape: H3Shape, geo: H3Geometry,
         if pad:  # pad rows: position 0, tagged text; never indexed by any modality
             position_ids = torch.cat([position_ids, position_ids.new_zeros(pad, 3)])
             token_tags = torch.cat([token_tags, token_tags.new_full((pad,), MINIMAX_H3_TEXT_TAG)])
-    return H3Layout(shape, position_ids, token_tags, video_idx, audio_idx, text_idx, int(n_cond), num_text,
-                    video_start, grid, real_len, total_len)
+    return H3Layout(
+        shape,
+        position_ids,
+        token_tags,
+        video_idx,
+        audio_idx,
+        text_idx,
+        int(n_cond),
+        num_text,
+        video_start,
+        grid,
+        real_len,
+        total_len,
+    )
 
 
 def unpatchify_video(rows: torch.Tensor, shape: H3Shape, geo: H3Geometry) -> torch.Tensor:
     """Target video rows [N, C*pt*ph*pw] -> [1, C, T, H, W] (inverse of `patchify_video_latents`)."""
     pt, ph, pw = geo.patch_size
     c = geo.latent_channels
-    x = rows.reshape(-1, shape.num_latent_frames // pt, shape.latent_height // ph, shape.latent_width // pw,
-                     c, pt, ph, pw)
+    x = rows.reshape(
+        -1, shape.num_latent_frames // pt, shape.latent_height // ph, shape.latent_width // pw, c, pt, ph, pw
+    )
     x = x.permute(0, 4, 1, 5, 2, 6, 3, 7)
     return x.reshape(-1, c, shape.num_latent_frames, shape.latent_height, shape.latent_width).contiguous()
 

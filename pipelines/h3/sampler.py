@@ -47,12 +47,27 @@ def latent_dict(video: torch.Tensor, audio: torch.Tensor, num_frames: int, sampl
     h3_audio_samples   [2, 32, N] audio latents, the stereo channels as the mono audio VAE's batch
     h3_frames / h3_fps / h3_sample_rate  what the decode needs to cut and label the outputs
     """
-    return {"samples": video, AUDIO_KEY: audio, "type": "minimax_h3", "h3_frames": num_frames, "h3_fps": FPS,
-            "h3_sample_rate": sample_rate}
+    return {
+        "samples": video,
+        AUDIO_KEY: audio,
+        "type": "minimax_h3",
+        "h3_frames": num_frames,
+        "h3_fps": FPS,
+        "h3_sample_rate": sample_rate,
+    }
 
 
-def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: int, frames: int, steps: int,
-           width: int, height: int, progress=None) -> dict:
+def sample(
+    model: OmniVideoModel,
+    conditioning: OmniVideoConditioning,
+    *,
+    seed: int,
+    frames: int,
+    steps: int,
+    width: int,
+    height: int,
+    progress=None,
+) -> dict:
     if model.family != "h3" or conditioning.family != "h3":
         raise ValueError(f"H3 sampler got a {model.family} model and {conditioning.family} conditioning.")
     steps = int(steps) or DEFAULT_STEPS
@@ -96,13 +111,20 @@ def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: 
     for lat in (keyframes or {}).get("latents", []):
         noise = randn_tensor(lat.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
         rows.append(patchify_video_latents(video_sched.scale_noise(lat.float(), KEYFRAME_T, noise), geo.patch_size))
-    video_noise = randn_tensor((1, geo.latent_channels, shape.num_latent_frames, shape.latent_height,
-                                shape.latent_width), generator=generator, device=torch.device("cpu"),
-                               dtype=torch.float32)
+    video_noise = randn_tensor(
+        (1, geo.latent_channels, shape.num_latent_frames, shape.latent_height, shape.latent_width),
+        generator=generator,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
     rows.append(patchify_video_latents(video_noise, geo.patch_size))
     latents = torch.cat(rows).to(device)
-    audio = randn_tensor((shape.num_audio_latents * AUDIO_CHANNELS, geo.audio_latent_channels), generator=generator,
-                         device=torch.device("cpu"), dtype=torch.float32).to(device)
+    audio = randn_tensor(
+        (shape.num_audio_latents * AUDIO_CHANNELS, geo.audio_latent_channels),
+        generator=generator,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    ).to(device)
     n_cond = layout.num_condition_video_rows
     if latents.shape[0] - n_cond != layout.grid[0] * layout.grid[1] * layout.grid[2]:
         raise ValueError("keyframe latents do not match the canvas; re-run OmniVideo H3 Keyframes at this size.")
@@ -122,12 +144,17 @@ def sample(model: OmniVideoModel, conditioning: OmniVideoConditioning, *, seed: 
                 ta = audio_sched.timesteps[i]  # the two schedules have the same length (set_timesteps(steps))
                 unique_t, t_index = layout.row_timesteps(float(t), float(ta))
                 v_pred, a_pred = transformer(
-                    hidden_states=latents[None], audio_hidden_states=audio[None], encoder_hidden_states=text,
-                    timestep=unique_t.to(device), timestep_indices=t_index.to(device), return_dict=False,
+                    hidden_states=latents[None],
+                    audio_hidden_states=audio[None],
+                    encoder_hidden_states=text,
+                    timestep=unique_t.to(device),
+                    timestep_indices=t_index.to(device),
+                    return_dict=False,
                     **forward_kwargs,
                 )
-                latents[n_cond:] = video_sched.step(v_pred[0, n_cond:].float(), t, latents[n_cond:],
-                                                    return_dict=False)[0]
+                latents[n_cond:] = video_sched.step(v_pred[0, n_cond:].float(), t, latents[n_cond:], return_dict=False)[
+                    0
+                ]
                 audio = audio_sched.step(a_pred[0].float(), ta, audio, return_dict=False)[0]
                 del v_pred, a_pred
                 bar.update(1)

@@ -49,6 +49,7 @@ def pytest_terminal_summary(terminalreporter):
 # ---------------------------------------------------------------------------------------------------------------
 # A full-size random-weight Wan 2.1 VAE in the original Wan / ComfyUI key layout
 
+
 def write_random_wan21_vae(path: Path, seed: int = 0) -> dict:
     """AutoencoderKLWan() (diffusers defaults = the Wan 2.1 config, ~127M parameters, random init), saved in
     bf16 (~250 MB) under the original Wan key names, as ComfyUI's VAELoader expects. The names come from
@@ -57,22 +58,22 @@ def write_random_wan21_vae(path: Path, seed: int = 0) -> dict:
     from diffusers import AutoencoderKLWan
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
     from safetensors.torch import save_file
-
     from wan_vae_fixtures import to_original_names  # tests/ is on sys.path (tests/conftest.py)
 
     torch.manual_seed(seed)
     model = AutoencoderKLWan()
     sd = model.state_dict()
-    original = {k: v.to(torch.bfloat16).contiguous()
-                for k, v in to_original_names(sd, model.config.num_res_blocks, nested=False).items()}
+    original = {
+        k: v.to(torch.bfloat16).contiguous()
+        for k, v in to_original_names(sd, model.config.num_res_blocks, nested=False).items()
+    }
     back = convert_wan_vae_to_diffusers(original)  # round trip through diffusers' own converter
     assert set(back) == set(sd), f"inverse mapping is wrong: {sorted(set(back) ^ set(sd))[:10]}"
     assert all(back[k].shape == sd[k].shape for k in sd)
     assert "decoder.middle.0.residual.0.gamma" in original  # the key ComfyUI uses to recognise a Wan VAE
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(original, str(path))
-    return {"tensors": len(original), "params": sum(v.numel() for v in original.values()),
-            "bytes": path.stat().st_size}
+    return {"tensors": len(original), "params": sum(v.numel() for v in original.values()), "bytes": path.stat().st_size}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -89,8 +90,9 @@ PROBE_PACK = textwrap.dedent('''
 
 
     def _audit(event, args):
-        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and OUTSIDE_MARKER in os.fsdecode(args[0]):
-            OPENED.append(os.fsdecode(args[0]))
+        path = args[0] if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) else None
+        if path is not None and OUTSIDE_MARKER in os.fsdecode(path):
+            OPENED.append(os.fsdecode(path))
 
 
     sys.addaudithook(_audit)
@@ -143,6 +145,7 @@ PROBE_PACK = textwrap.dedent('''
 # ---------------------------------------------------------------------------------------------------------------
 # Shipped API workflows and the videos they write
 
+
 def api_graph(name: str, overrides: dict | None = None) -> tuple[dict, str]:
     """workflows/api/<name>.api.json with `overrides` ({class_type: {input: value}}) applied to every node of
     that class, and SaveVideo writing under a fresh prefix; returns (graph, prefix)."""
@@ -158,10 +161,12 @@ def api_graph(name: str, overrides: dict | None = None) -> tuple[dict, str]:
 def probe_video(python: str, path: Path) -> dict:
     """PyAV, run by `python` (the ComfyUI interpreter): decoded frame count, width w, height h, fps, the number of
     audio streams (audio) and the first one's sample rate and channels (0 without audio)."""
-    code = ("import av,json,sys; c=av.open(sys.argv[1]); v=c.streams.video[0]; a=c.streams.audio; "
-            "f=sum(1 for _ in c.decode(v)); "
-            "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate), "
-            "'audio': len(a), 'rate': a[0].rate if a else 0, 'channels': a[0].channels if a else 0}))")
+    code = (
+        "import av,json,sys; c=av.open(sys.argv[1]); v=c.streams.video[0]; a=c.streams.audio; "
+        "f=sum(1 for _ in c.decode(v)); "
+        "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate), "
+        "'audio': len(a), 'rate': a[0].rate if a else 0, 'channels': a[0].channels if a else 0}))"
+    )
     out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -169,6 +174,7 @@ def probe_video(python: str, path: Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The server
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -197,8 +203,9 @@ class ComfyServer:
     # -- http
     def request(self, path: str, payload=None, timeout: float = 30):
         data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(self.url + path, data=data,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"} if data else {}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read()
@@ -219,20 +226,24 @@ class ComfyServer:
         """POST /prompt expecting ComfyUI's validation to refuse it: {node id: [(type, input, details), ...]}."""
         status, resp = self.post_prompt(graph)
         assert status == 400, f"expected a validation refusal, got HTTP {status}: {resp}"
-        return {nid: [(e["type"], e.get("extra_info", {}).get("input_name"), e.get("details", ""))
-                      for e in err["errors"]] for nid, err in resp.get("node_errors", {}).items()}
+        return {
+            nid: [(e["type"], e.get("extra_info", {}).get("input_name"), e.get("details", "")) for e in err["errors"]]
+            for nid, err in resp.get("node_errors", {}).items()
+        }
 
     def websocket(self, timeout: float = 60):
         """ComfyUI's websocket for this client id (progress, executing, execution_* messages)."""
         import websocket  # websocket-client
 
-        return websocket.create_connection(self.url.replace("http", "ws", 1) + f"/ws?clientId={self.client_id}",
-                                           timeout=timeout)
+        return websocket.create_connection(
+            self.url.replace("http", "ws", 1) + f"/ws?clientId={self.client_id}", timeout=timeout
+        )
 
     def queue(self, graph: dict) -> str:
         status, resp = self.post_prompt(graph)
-        assert status == 200 and "prompt_id" in resp, \
+        assert status == 200 and "prompt_id" in resp, (
             f"ComfyUI refused the prompt (HTTP {status}): {json.dumps(resp, indent=1)[:3000]}"
+        )
         return resp["prompt_id"]
 
     def wait(self, prompt_id: str, timeout: float) -> dict:
@@ -242,8 +253,9 @@ class ComfyServer:
             self.assert_alive()
             hist = self.get_json(f"/history/{prompt_id}")
             entry = hist.get(prompt_id)
-            if entry and (entry.get("status", {}).get("completed")
-                          or entry.get("status", {}).get("status_str") == "error"):
+            if entry and (
+                entry.get("status", {}).get("completed") or entry.get("status", {}).get("status_str") == "error"
+            ):
                 return entry
             time.sleep(0.25)
         self.request("/interrupt", {})
@@ -253,7 +265,8 @@ class ComfyServer:
         entry = self.wait(self.queue(graph), timeout)
         status = entry.get("status", {})
         assert status.get("status_str") == "success", (
-            f"prompt failed: {json.dumps(status.get('messages'), indent=1)[:4000]}\n{self.log_tail()}")
+            f"prompt failed: {json.dumps(status.get('messages'), indent=1)[:4000]}\n{self.log_tail()}"
+        )
         return entry
 
     def run_video(self, graph: dict, prefix: str, timeout: float = 150) -> Path:
@@ -295,16 +308,26 @@ def comfy_server(tmp_path_factory, comfyui_path):
     comfy_path = comfyui_path
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     root = tmp_path_factory.mktemp("comfyui")
-    for sub in ("custom_nodes", "models/vae", "models/diffusion_models", "models/text_encoders", "models/diffusers",
-                "input", "output",
-                "temp", "user"):
+    for sub in (
+        "custom_nodes",
+        "models/vae",
+        "models/diffusion_models",
+        "models/text_encoders",
+        "models/diffusers",
+        "input",
+        "output",
+        "temp",
+        "user",
+    ):
         (root / sub).mkdir(parents=True, exist_ok=True)
     _link_or_copy(REPO, root / "custom_nodes" / PACK_FOLDER)
     (root / "custom_nodes" / "omnivideo_test_probe").mkdir()
     (root / "custom_nodes" / "omnivideo_test_probe" / "__init__.py").write_text(
-        f"OUTSIDE_MARKER = {OUTSIDE_MARKER!r}\n" + PROBE_PACK, encoding="utf-8")
+        f"OUTSIDE_MARKER = {OUTSIDE_MARKER!r}\n" + PROBE_PACK, encoding="utf-8"
+    )
     yaml_path = root / "extra_model_paths.yaml"
-    yaml_path.write_text(textwrap.dedent(f"""\
+    yaml_path.write_text(
+        textwrap.dedent(f"""\
         omnivideo_integration:
             base_path: {root.as_posix()}
             is_default: true
@@ -313,21 +336,41 @@ def comfy_server(tmp_path_factory, comfyui_path):
             diffusion_models: models/diffusion_models
             text_encoders: models/text_encoders
             diffusers: models/diffusers
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
 
     port = _free_port()
     log_path = root / "comfyui.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     for var in ("TRITON_INTERPRET", "OMNIVIDEO_DEVICE"):  # set for the unit tests by tests/conftest.py
         env.pop(var, None)
-    cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-           "--extra-model-paths-config", str(yaml_path),
-           "--output-directory", str(root / "output"), "--input-directory", str(root / "input"),
-           "--temp-directory", str(root / "temp"), "--user-directory", str(root / "user"),
-           "--database-url", "sqlite:///:memory:", "--disable-auto-launch"]
+    cmd = [
+        python,
+        "main.py",
+        "--cpu",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--extra-model-paths-config",
+        str(yaml_path),
+        "--output-directory",
+        str(root / "output"),
+        "--input-directory",
+        str(root / "input"),
+        "--temp-directory",
+        str(root / "temp"),
+        "--user-directory",
+        str(root / "user"),
+        "--database-url",
+        "sqlite:///:memory:",
+        "--disable-auto-launch",
+    ]
     log_file = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen(cmd, cwd=comfy_path, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=comfy_path, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     server = ComfyServer(f"http://127.0.0.1:{port}", root, proc, log_path, python, comfy_path)
     try:
         # Build the VAE file while ComfyUI starts (it reads the vae folder per request, so it may come late).
@@ -342,11 +385,12 @@ def comfy_server(tmp_path_factory, comfyui_path):
                 status, _ = server.request("/object_info", timeout=10)
                 if status == 200:
                     break
-            except (urllib.error.URLError, ConnectionError, socket.timeout):
+            except (TimeoutError, urllib.error.URLError, ConnectionError):
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(f"ComfyUI did not answer /object_info within {READY_TIMEOUT_S} s\n"
-                                     f"{server.log_tail()}")
+                raise AssertionError(
+                    f"ComfyUI did not answer /object_info within {READY_TIMEOUT_S} s\n{server.log_tail()}"
+                )
             time.sleep(0.5)
         yield server
     finally:

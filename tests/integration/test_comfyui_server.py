@@ -40,11 +40,15 @@ wf = _load_workflow_checks()
 def _pack_import_failures(log: str) -> list[str]:
     """ComfyUI logs `Cannot import <path> module for custom nodes: <error>` and, in the import-times table,
     `<t> seconds (IMPORT FAILED): <path>`; the server itself keeps running."""
-    return [line for line in log.splitlines()
-            if ("IMPORT FAILED" in line or "Cannot import" in line) and "omnivideo" in line.lower()]
+    return [
+        line
+        for line in log.splitlines()
+        if ("IMPORT FAILED" in line or "Cannot import" in line) and "omnivideo" in line.lower()
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_pack_loads_and_registers_its_nodes(comfy_server, object_info):
     log = comfy_server.log()
@@ -99,8 +103,10 @@ def test_core_signatures_match_this_comfyui(object_info):
                 elif kind in ("INT", "FLOAT"):
                     opts = entry[1]
                     if (opts.get("min"), opts.get("max")) != (spec.min, spec.max):
-                        errors.append(f"{name}.{iname}: range {opts.get('min')}..{opts.get('max')} vs "
-                                      f"checked-in {spec.min}..{spec.max}")
+                        errors.append(
+                            f"{name}.{iname}: range {opts.get('min')}..{opts.get('max')} vs "
+                            f"checked-in {spec.min}..{spec.max}"
+                        )
     assert not errors, "\n".join(errors)
 
 
@@ -117,8 +123,9 @@ def test_templates_are_served(comfy_server):
     """ComfyUI's template browser lists example_workflows/*.json of each pack and serves the files."""
     listing = comfy_server.get_json("/workflow_templates")
     names = sorted(p.name[: -len(".json")] for p in wf.template_files())
-    assert sorted(listing.get(PACK_FOLDER, [])) == names, \
+    assert sorted(listing.get(PACK_FOLDER, [])) == names, (
         f"/workflow_templates lists {listing.get(PACK_FOLDER)} for {PACK_FOLDER}, expected each of {names} once"
+    )
     for name in names:
         status, body = comfy_server.request(f"/api/workflow_templates/{PACK_FOLDER}/{name}.json")
         assert status == 200, f"{name}.json: HTTP {status}"
@@ -151,7 +158,7 @@ def test_t2v_workflow_passes_comfyui_validation(comfy_server, object_info, vae_f
     status, resp = comfy_server.post_prompt(graph)
     assert status == 400, f"expected a validation refusal, got HTTP {status}: {resp}"
     bad = {}
-    for nid, err in resp.get("node_errors", {}).items():
+    for err in resp.get("node_errors", {}).values():
         for e in err["errors"]:
             bad.setdefault((err["class_type"], e.get("extra_info", {}).get("input_name")), []).append(e["type"])
     assert set(bad) == {("UNETLoader", "unet_name"), ("CLIPLoader", "clip_name")}, json.dumps(resp, indent=1)
@@ -168,8 +175,10 @@ def test_core_vae_decode_vs_ours(comfy_server, vae_file, report):
     latent = torch.randn(1, 16, 2, 8, 8, generator=g)
     latent_name = f"omnivideo_{uuid.uuid4().hex[:8]}.latent"
     # LoadLatent: "latent_format_version_0" marks a raw latent (no 1/0.18215 rescale)
-    save_file({"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
-              str(comfy_server.input_dir / latent_name))
+    save_file(
+        {"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
+        str(comfy_server.input_dir / latent_name),
+    )
     tag = uuid.uuid4().hex[:8]
     graph = {
         "1": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
@@ -178,10 +187,14 @@ def test_core_vae_decode_vs_ours(comfy_server, vae_file, report):
         "4": {"class_type": "OmniVideoTestSaveTensor", "inputs": {"images": ["3", 0], "name": f"core_{tag}"}},
     }
     for i, fusion in enumerate(FUSIONS):
-        graph[str(10 + i)] = {"class_type": "OmniVideoWanVAEDecode",
-                              "inputs": {"vae": ["1", 0], "samples": ["2", 0], "fusion": fusion}}
-        graph[str(20 + i)] = {"class_type": "OmniVideoTestSaveTensor",
-                              "inputs": {"images": [str(10 + i), 0], "name": f"ours_{fusion}_{tag}"}}
+        graph[str(10 + i)] = {
+            "class_type": "OmniVideoWanVAEDecode",
+            "inputs": {"vae": ["1", 0], "samples": ["2", 0], "fusion": fusion},
+        }
+        graph[str(20 + i)] = {
+            "class_type": "OmniVideoTestSaveTensor",
+            "inputs": {"images": [str(10 + i), 0], "name": f"ours_{fusion}_{tag}"},
+        }
     comfy_server.run(graph, timeout=180)
 
     def read(name):
@@ -194,12 +207,15 @@ def test_core_vae_decode_vs_ours(comfy_server, vae_file, report):
         assert img.shape == core.shape, f"fusion={fusion}: {tuple(img.shape)} vs core {tuple(core.shape)}"
         assert 0.0 <= img.min() and img.max() <= 1.0, f"fusion={fusion}: values outside [0, 1]"
     for fusion in FUSIONS[1:]:
-        assert torch.equal(ours[fusion], ours["auto"]), \
+        assert torch.equal(ours[fusion], ours["auto"]), (
             f"fusion={fusion} differs from auto by {(ours[fusion] - ours['auto']).abs().max().item():.3g}"
+        )
     diff = (core - ours["auto"]).abs()
-    report.append(f"core VAEDecode vs OmniVideoWanVAEDecode (64x64, 5 frames, random full-size Wan 2.1 VAE, CPU): "
-                  f"max |diff| = {diff.max().item():.3g}, mean = {diff.mean().item():.3g} "
-                  f"(tolerance {CORE_VS_OURS_TOL}); fusion levels {', '.join(FUSIONS)} bit-identical")
+    report.append(
+        f"core VAEDecode vs OmniVideoWanVAEDecode (64x64, 5 frames, random full-size Wan 2.1 VAE, CPU): "
+        f"max |diff| = {diff.max().item():.3g}, mean = {diff.mean().item():.3g} "
+        f"(tolerance {CORE_VS_OURS_TOL}); fusion levels {', '.join(FUSIONS)} bit-identical"
+    )
     assert diff.max().item() <= CORE_VS_OURS_TOL, f"core vs ours max |diff| {diff.max().item():.3g}"
 
 
@@ -224,6 +240,8 @@ def test_diffusers_in_this_process_vs_ours_in_comfyui(comfy_server, vae_file, re
         x = model.eval().decode(latent).sample
     ref = ((x + 1) / 2).clamp(0, 1)[0].permute(1, 2, 3, 0)
     diff = (ref - ours).abs().max().item()
-    report.append(f"diffusers {torch.__version__} (pytest process) vs ours in ComfyUI: max |diff| = {diff:.3g}"
-                  f"{' (bit-identical)' if diff == 0 else ''}")
+    report.append(
+        f"diffusers {torch.__version__} (pytest process) vs ours in ComfyUI: max |diff| = {diff:.3g}"
+        f"{' (bit-identical)' if diff == 0 else ''}"
+    )
     assert diff <= CORE_VS_OURS_TOL

@@ -22,8 +22,14 @@ from h3_tiny_qwen import LAYER, tiny_qwen3vl, write_text_encoder_folder  # noqa:
 
 pytestmark = pytest.mark.integration
 
-H3_NODES = ("OmniVideoH3Loader", "OmniVideoH3TextEncoderLoader", "OmniVideoH3TextEncode", "OmniVideoH3Keyframes",
-            "OmniVideoH3Decode", "OmniVideoSampler")
+H3_NODES = (
+    "OmniVideoH3Loader",
+    "OmniVideoH3TextEncoderLoader",
+    "OmniVideoH3TextEncode",
+    "OmniVideoH3Keyframes",
+    "OmniVideoH3Decode",
+    "OmniVideoSampler",
+)
 H3_FOLDER, TE_FOLDER, IMAGE = "MiniMax-H3-tiny", "qwen3vl-tiny", "h3_first_frame.png"
 
 
@@ -31,8 +37,10 @@ H3_FOLDER, TE_FOLDER, IMAGE = "MiniMax-H3-tiny", "qwen3vl-tiny", "h3_first_frame
 def h3_files(comfy_server):
     yaml = (comfy_server.root / "extra_model_paths.yaml").read_text()
     if "diffusers:" not in yaml:
-        pytest.skip("the integration harness registers no `diffusers` model folder: tests/integration/conftest.py "
-                    "needs `diffusers: models/diffusers` in its extra_model_paths.yaml for the H3 loader")
+        pytest.skip(
+            "the integration harness registers no `diffusers` model folder: tests/integration/conftest.py "
+            "needs `diffusers: models/diffusers` in its extra_model_paths.yaml for the H3 loader"
+        )
     root = comfy_server.root / "models"
     write_folder(root / "diffusers" / H3_FOLDER, *make_models(seed=5))
     write_text_encoder_folder(root / "text_encoders" / TE_FOLDER, *tiny_qwen3vl())
@@ -64,5 +72,7 @@ def test_h3_workflow_writes_video_with_audio(comfy_server, h3_files, report, api
     assert (info["frames"], info["w"], info["h"]) == (FRAMES, WIDTH, HEIGHT), info
     assert abs(info["fps"] - 24.0) < 1e-6, info
     assert info["audio"] == 1 and info["channels"] == 2 and info["rate"] > 0, info
-    report.append(f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps, "
-                  f"audio {info['channels']} ch @ {info['rate']} Hz")
+    report.append(
+        f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps, "
+        f"audio {info['channels']} ch @ {info['rate']} Hz"
+    )

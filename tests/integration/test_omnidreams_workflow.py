@@ -27,20 +27,29 @@ from omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict, w
 
 pytestmark = pytest.mark.integration
 
-OD_NODES = ("OmniDreamsModelLoader", "OmniDreamsTextEncoderLoader", "OmniDreamsTextEncode",
-            "OmniDreamsLoadTextEmbedding", "OmniDreamsEncodeFirstFrame", "OmniDreamsEncodeHDMap", "OmniVideoSampler")
+OD_NODES = (
+    "OmniDreamsModelLoader",
+    "OmniDreamsTextEncoderLoader",
+    "OmniDreamsTextEncode",
+    "OmniDreamsLoadTextEmbedding",
+    "OmniDreamsEncodeFirstFrame",
+    "OmniDreamsEncodeHDMap",
+    "OmniVideoSampler",
+)
 CKPT, TE_FOLDER = "omnidreams_tiny.pt", "cosmos_reason1_tiny"
 IMAGE, HDMAP = "omnidreams_first_frame.png", "omnidreams_hdmap.mp4"
 WIDTH, HEIGHT, FRAMES = 64, 48, 13  # 13 = 1 + (2*2 - 1) * 4: two chunks
 
 
 def _write_video(python: str, path: Path, frames: int):
-    code = ("import av, numpy as np, sys; c = av.open(sys.argv[1], 'w'); s = c.add_stream('libx264', rate=30); "
-            f"s.width, s.height, s.pix_fmt = {WIDTH}, {HEIGHT}, 'yuv420p'; rng = np.random.default_rng(0)\n"
-            f"for i in range({frames}):\n"
-            f"    img = rng.integers(0, 255, ({HEIGHT}, {WIDTH}, 3), dtype=np.uint8)\n"
-            "    [c.mux(p) for p in s.encode(av.VideoFrame.from_ndarray(img, format='rgb24'))]\n"
-            "[c.mux(p) for p in s.encode()]; c.close()")
+    code = (
+        "import av, numpy as np, sys; c = av.open(sys.argv[1], 'w'); s = c.add_stream('libx264', rate=30); "
+        f"s.width, s.height, s.pix_fmt = {WIDTH}, {HEIGHT}, 'yuv420p'; rng = np.random.default_rng(0)\n"
+        f"for i in range({frames}):\n"
+        f"    img = rng.integers(0, 255, ({HEIGHT}, {WIDTH}, 3), dtype=np.uint8)\n"
+        "    [c.mux(p) for p in s.encode(av.VideoFrame.from_ndarray(img, format='rgb24'))]\n"
+        "[c.mux(p) for p in s.encode()]; c.close()"
+    )
     out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 
@@ -78,8 +87,9 @@ def test_omnidreams_nodes_are_registered(object_info):
 
 
 @pytest.mark.parametrize("name", ["omnidreams_i2v", "omnidreams_i2v_hdmap"])
-def test_omnidreams_workflow_writes_video(comfy_server, omnidreams_files, vae_file, report, api_graph, probe_video,
-                                          name):
+def test_omnidreams_workflow_writes_video(
+    comfy_server, omnidreams_files, vae_file, report, api_graph, probe_video, name
+):
     graph, prefix = api_graph(name, SMALL)
     video = comfy_server.run_video(graph, prefix, timeout=400)
     info = probe_video(comfy_server.python, video)
@@ -88,16 +98,31 @@ def test_omnidreams_workflow_writes_video(comfy_server, omnidreams_files, vae_fi
     report.append(f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps")
 
 
-def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(comfy_server, omnidreams_files,
-                                                                                 vae_file, report):
+def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(
+    comfy_server, omnidreams_files, vae_file, report
+):
     """`comfy workflow validate` checks every COMBO value against /object_info. Our dropdowns must list exactly
     the valid choices: the Text Encoder Loader's folders included (it once listed none)."""
     port = comfy_server.url.rsplit(":", 1)[1]
 
     def validate(name: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "comfy_cli", "--skip-prompt", "--no-json", "workflow", "validate",
-               "--workflow", str(REPO / "workflows" / "api" / f"{name}.api.json"), "--where", "local",
-               "--host", "127.0.0.1", "--port", port]
+        cmd = [
+            sys.executable,
+            "-m",
+            "comfy_cli",
+            "--skip-prompt",
+            "--no-json",
+            "workflow",
+            "validate",
+            "--workflow",
+            str(REPO / "workflows" / "api" / f"{name}.api.json"),
+            "--where",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
 
     graph = json.loads((REPO / "workflows" / "api" / "omnidreams_i2v_hdmap.api.json").read_text("utf-8"))
@@ -106,10 +131,18 @@ def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(
     assert before.returncode != 0 and shipped["OmniDreamsTextEncoderLoader"]["folder"] in before.stdout + before.stderr
     # the shipped names, linked to the tiny files of this test module
     models = comfy_server.root / "models"
-    links = [(models / "diffusion_models" / shipped["OmniDreamsModelLoader"]["ckpt_name"], models / "diffusion_models" / CKPT),
-             (models / "text_encoders" / shipped["OmniDreamsTextEncoderLoader"]["folder"], models / "text_encoders" / TE_FOLDER),
-             (comfy_server.input_dir / shipped["LoadImage"]["image"], comfy_server.input_dir / IMAGE),
-             (comfy_server.input_dir / shipped["LoadVideo"]["file"], comfy_server.input_dir / HDMAP)]
+    links = [
+        (
+            models / "diffusion_models" / shipped["OmniDreamsModelLoader"]["ckpt_name"],
+            models / "diffusion_models" / CKPT,
+        ),
+        (
+            models / "text_encoders" / shipped["OmniDreamsTextEncoderLoader"]["folder"],
+            models / "text_encoders" / TE_FOLDER,
+        ),
+        (comfy_server.input_dir / shipped["LoadImage"]["image"], comfy_server.input_dir / IMAGE),
+        (comfy_server.input_dir / shipped["LoadVideo"]["file"], comfy_server.input_dir / HDMAP),
+    ]
     for link, target in links:
         if not link.exists():
             link.symlink_to(target)

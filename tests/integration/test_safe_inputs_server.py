@@ -32,14 +32,19 @@ H3_STUB = "h3_stub"
 def outside(tmp_path_factory, comfy_server):
     """Bait the nodes would accept, outside every ComfyUI folder; links to it from each models folder."""
     d = tmp_path_factory.mktemp(OUTSIDE_MARKER)
-    save_file({"omnidreams_text_embedding": torch.zeros(1, 512, 4), "prompt_embeds": torch.zeros(1, 8, 4)},
-              str(d / f"{OUTSIDE_MARKER}.safetensors"))
+    save_file(
+        {"omnidreams_text_embedding": torch.zeros(1, 512, 4), "prompt_embeds": torch.zeros(1, 8, 4)},
+        str(d / f"{OUTSIDE_MARKER}.safetensors"),
+    )
     torch.save({"x_embedder.proj.1.weight": torch.zeros(2, 2)}, d / f"{OUTSIDE_MARKER}.pt")
     for name, model_type in (("cosmos", "qwen2_5_vl"), ("qwen3", "qwen3_vl")):
         (d / name).mkdir()
         (d / name / "config.json").write_text(json.dumps({"model_type": model_type}))
-    for sub, cls in (("transformer", "MiniMaxH3Transformer3DModel"), ("vae", "AutoencoderKLMiniMaxH3"),
-                     ("audio_vae", "AutoencoderKLMiniMaxH3Audio")):
+    for sub, cls in (
+        ("transformer", "MiniMaxH3Transformer3DModel"),
+        ("vae", "AutoencoderKLMiniMaxH3"),
+        ("audio_vae", "AutoencoderKLMiniMaxH3Audio"),
+    ):
         for root in (d / "h3", comfy_server.root / "models" / "diffusers" / H3_STUB):
             (root / sub).mkdir(parents=True, exist_ok=True)
             (root / sub / "config.json").write_text(json.dumps({"_class_name": cls}))
@@ -55,14 +60,38 @@ def outside(tmp_path_factory, comfy_server):
 # node, input, ComfyUI folder kind, bait (relative to the outside folder), other inputs, checked at /prompt?
 INPUTS = [
     ("OmniDreamsLoadTextEmbedding", "embedding", "text_encoders", f"{OUTSIDE_MARKER}.safetensors", {}, True),
-    ("OmniVideoH3TextEncode", "embedding_file", "text_encoders", f"{OUTSIDE_MARKER}.safetensors",
-     {"prompt": "a fox", "save_as": ""}, True),
-    ("OmniDreamsModelLoader", "ckpt_name", "diffusion_models", f"{OUTSIDE_MARKER}.pt",
-     {"dtype": "fp32", "window_frames": 6, "sink_frames": 0}, True),
-    ("OmniVideoH3Loader", "folder", "diffusers", "h3", {"transformer_file": "(transformer/ of the folder)",
-                                                        "dtype": "fp32"}, True),
-    ("OmniVideoH3Loader", "transformer_file", "diffusion_models", f"{OUTSIDE_MARKER}.safetensors",
-     {"folder": H3_STUB, "dtype": "fp32"}, False),
+    (
+        "OmniVideoH3TextEncode",
+        "embedding_file",
+        "text_encoders",
+        f"{OUTSIDE_MARKER}.safetensors",
+        {"prompt": "a fox", "save_as": ""},
+        True,
+    ),
+    (
+        "OmniDreamsModelLoader",
+        "ckpt_name",
+        "diffusion_models",
+        f"{OUTSIDE_MARKER}.pt",
+        {"dtype": "fp32", "window_frames": 6, "sink_frames": 0},
+        True,
+    ),
+    (
+        "OmniVideoH3Loader",
+        "folder",
+        "diffusers",
+        "h3",
+        {"transformer_file": "(transformer/ of the folder)", "dtype": "fp32"},
+        True,
+    ),
+    (
+        "OmniVideoH3Loader",
+        "transformer_file",
+        "diffusion_models",
+        f"{OUTSIDE_MARKER}.safetensors",
+        {"folder": H3_STUB, "dtype": "fp32"},
+        False,
+    ),
     ("OmniDreamsTextEncoderLoader", "folder", "text_encoders", "cosmos", {"dtype": "fp32"}, True),
     ("OmniVideoH3TextEncoderLoader", "folder", "text_encoders", "qwen3", {"dtype": "fp32", "layer": 1}, True),
 ]
@@ -94,8 +123,7 @@ def _opened_outside(comfy_server) -> list[str]:
     return entry["outputs"]["9"]["opened"]
 
 
-@pytest.mark.parametrize("node, name, kind, bait, others, at_prompt", INPUTS,
-                         ids=[f"{n}.{i}" for n, i, *_ in INPUTS])
+@pytest.mark.parametrize("node, name, kind, bait, others, at_prompt", INPUTS, ids=[f"{n}.{i}" for n, i, *_ in INPUTS])
 def test_hostile_names_are_refused(comfy_server, outside, node, name, kind, bait, others, at_prompt, report):
     root = comfy_server.root / "models" / kind
     target = outside / bait
@@ -134,33 +162,55 @@ def test_save_as_never_leaves_the_output_folder_nor_overwrites(comfy_server, out
 # ---------------------------------------------------------------------------------------------------------------
 # declared limits: ComfyUI's own min/max checks run for our nodes
 
+
 def _limit_errors(comfy_server, sampler: dict, loader: dict | None = None) -> dict:
     graph = {
-        "1": {"class_type": "OmniDreamsModelLoader", "inputs": {"ckpt_name": "missing.pt", "dtype": "fp32",
-                                                                "window_frames": 6, "sink_frames": 0, **(loader or {})}},
+        "1": {
+            "class_type": "OmniDreamsModelLoader",
+            "inputs": {
+                "ckpt_name": "missing.pt",
+                "dtype": "fp32",
+                "window_frames": 6,
+                "sink_frames": 0,
+                **(loader or {}),
+            },
+        },
         "2": {"class_type": "OmniDreamsLoadTextEmbedding", "inputs": {"embedding": "missing.safetensors"}},
-        "3": {"class_type": "OmniVideoSampler", "inputs": {"model": ["1", 0], "conditioning": ["2", 0], "seed": 0,
-                                                           "frames": 13, "steps": 0, "width": 64, "height": 48,
-                                                           **sampler}},
+        "3": {
+            "class_type": "OmniVideoSampler",
+            "inputs": {
+                "model": ["1", 0],
+                "conditioning": ["2", 0],
+                "seed": 0,
+                "frames": 13,
+                "steps": 0,
+                "width": 64,
+                "height": 48,
+                **sampler,
+            },
+        },
         "4": {"class_type": SINK, "inputs": {"value": ["3", 0]}},
     }
     errors = comfy_server.node_errors(graph)
     return {(nid, e[1]): e[0] for nid, errs in errors.items() for e in errs}
 
 
-@pytest.mark.parametrize("node, field, value, expected", [
-    ("3", "frames", 100000, "value_bigger_than_max"),
-    ("3", "frames", 0, "value_smaller_than_min"),
-    ("3", "seed", -1, "value_smaller_than_min"),
-    ("3", "seed", 2 ** 64, "value_bigger_than_max"),
-    ("3", "width", 8208, "value_bigger_than_max"),
-    ("1", "window_frames", 1000, "value_bigger_than_max"),
-    ("1", "sink_frames", 64, "value_bigger_than_max"),
-    ("3", "frames", 1021, None),  # at the bounds: accepted
-    ("3", "seed", 2 ** 64 - 1, None),
-    ("3", "seed", 0, None),
-    ("1", "window_frames", 64, None),
-])
+@pytest.mark.parametrize(
+    "node, field, value, expected",
+    [
+        ("3", "frames", 100000, "value_bigger_than_max"),
+        ("3", "frames", 0, "value_smaller_than_min"),
+        ("3", "seed", -1, "value_smaller_than_min"),
+        ("3", "seed", 2**64, "value_bigger_than_max"),
+        ("3", "width", 8208, "value_bigger_than_max"),
+        ("1", "window_frames", 1000, "value_bigger_than_max"),
+        ("1", "sink_frames", 64, "value_bigger_than_max"),
+        ("3", "frames", 1021, None),  # at the bounds: accepted
+        ("3", "seed", 2**64 - 1, None),
+        ("3", "seed", 0, None),
+        ("1", "window_frames", 64, None),
+    ],
+)
 def test_declared_limits_are_enforced_by_comfyui(comfy_server, node, field, value, expected):
     errors = _limit_errors(comfy_server, {field: value} if node == "3" else {}, {field: value} if node == "1" else None)
     assert errors.get((node, field)) == expected, errors
@@ -181,7 +231,9 @@ def test_attention_limits_and_skip_layers_are_checked_quickly(comfy_server, repo
     errors = comfy_server.node_errors(attention(skip_layers="0-30000000"))
     elapsed = time.perf_counter() - t0
     grew = _rss_kib(comfy_server) - rss
-    assert [e[:2] for e in errors["1"]] == [("custom_validation_failed", "skip_layers")] and "beyond" in errors["1"][0][2]
+    assert [e[:2] for e in errors["1"]] == [("custom_validation_failed", "skip_layers")] and "beyond" in errors["1"][0][
+        2
+    ]
     assert elapsed < 2.0, f"/prompt took {elapsed:.2f} s to refuse skip_layers"
     assert grew < 64 * 1024, f"the server grew by {grew} KiB while validating skip_layers"
     report.append(f"skip_layers '0-30000000' refused at /prompt in {elapsed * 1000:.0f} ms, RSS +{grew} KiB")
@@ -195,10 +247,15 @@ def _rss_kib(comfy_server) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # interrupt latency of the Wan decode
 
+
 def test_wan_decode_answers_interrupt_quickly(comfy_server, vae_file, api_graph, report):
-    graph, _ = api_graph("wan_vae_decode_only", {"EmptyHunyuanLatentVideo": {"width": 832, "height": 480,
-                                                                              "length": 9},
-                                                 "OmniVideoWanVAEDecode": {"fusion": "torch"}})
+    graph, _ = api_graph(
+        "wan_vae_decode_only",
+        {
+            "EmptyHunyuanLatentVideo": {"width": 832, "height": 480, "length": 9},
+            "OmniVideoWanVAEDecode": {"fusion": "torch"},
+        },
+    )
     decode = next(nid for nid, n in graph.items() if n["class_type"] == "OmniVideoWanVAEDecode")
     ws = comfy_server.websocket(timeout=300)
     try:
