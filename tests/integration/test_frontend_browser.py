@@ -88,8 +88,9 @@ def _drop(page, path: Path) -> dict:
     page.page_errors.clear()
     page.evaluate(DROP_FILE, [path.name, path.read_text(encoding="utf-8")])
     want = len(json.loads(path.read_text(encoding="utf-8"))["nodes"])
-    page.wait_for_function(f"() => (window.app.graph.nodes || window.app.graph._nodes).length === {want}",
-                           timeout=30_000)
+    page.wait_for_function(
+        f"() => (window.app.graph.nodes || window.app.graph._nodes).length === {want}", timeout=30_000
+    )
     page.wait_for_timeout(300)  # dialogs open right after the load
     return page.evaluate(GRAPH_STATE)
 
@@ -103,10 +104,15 @@ def test_ui_workflow_loads_in_the_real_frontend(page, path, vae_file):
     assert not [d for d in state["dialogs"] if "node" in d.lower() and "missing" in d.lower()], state["dialogs"]
     assert (state["nodes"], state["links"]) == (len(saved["nodes"]), len(saved["links"])), state
     view = state["view"]
-    outside = [i for i, (x0, y0, x1, y1) in enumerate(state["boxes"])
-               if x0 < view["left"] or y0 < view["top"] or x1 > view["right"] or y1 > view["bottom"]]
-    assert not outside, (f"{path.name}: nodes {[saved['nodes'][i]['type'] for i in outside]} are not fully in view "
-                         f"({view}, boxes {[state['boxes'][i] for i in outside]})")
+    outside = [
+        i
+        for i, (x0, y0, x1, y1) in enumerate(state["boxes"])
+        if x0 < view["left"] or y0 < view["top"] or x1 > view["right"] or y1 > view["bottom"]
+    ]
+    assert not outside, (
+        f"{path.name}: nodes {[saved['nodes'][i]['type'] for i in outside]} are not fully in view "
+        f"({view}, boxes {[state['boxes'][i] for i in outside]})"
+    )
     # below about 0.6 the canvas draws nodes without their titles and widgets (low-quality mode)
     assert state["scale"] >= 0.6, f"{path.name} opens at zoom {state['scale']}: too small to read"
     assert not page.page_errors, page.page_errors
@@ -115,7 +121,8 @@ def test_ui_workflow_loads_in_the_real_frontend(page, path, vae_file):
 def test_decode_only_workflow_queues_from_the_page(page, comfy_server, vae_file, report):
     _drop(page, REPO / "workflows" / "ui" / "wan_vae_decode_only.json")
     prefix = f"video/browser_{int(time.time())}"
-    page.evaluate("""([prefix]) => {
+    page.evaluate(
+        """([prefix]) => {
         const nodes = window.app.graph.nodes || window.app.graph._nodes;
         const set = (type, name, value) => {
             const node = nodes.find(n => n.type === type);
@@ -125,14 +132,19 @@ def test_decode_only_workflow_queues_from_the_page(page, comfy_server, vae_file,
         set("EmptyHunyuanLatentVideo", "height", 64);
         set("EmptyHunyuanLatentVideo", "length", 5);
         set("SaveVideo", "filename_prefix", prefix);
-    }""", [prefix])
+    }""",
+        [prefix],
+    )
     before = set(comfy_server.get_json("/history"))
     page.evaluate("() => window.app.queuePrompt(0, 1)")
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         new = {k: v for k, v in comfy_server.get_json("/history").items() if k not in before}
-        done = [v for v in new.values() if v.get("status", {}).get("completed")
-                or v.get("status", {}).get("status_str") == "error"]
+        done = [
+            v
+            for v in new.values()
+            if v.get("status", {}).get("completed") or v.get("status", {}).get("status_str") == "error"
+        ]
         if done:
             break
         time.sleep(0.5)
@@ -141,8 +153,9 @@ def test_decode_only_workflow_queues_from_the_page(page, comfy_server, vae_file,
     assert done[0]["status"]["status_str"] == "success", done[0]["status"]
     videos = sorted(comfy_server.output_dir.glob(prefix + "*.mp4"))
     assert videos and videos[0].stat().st_size > 0
-    report.append(f"browser: every UI workflow loads in the real frontend; decode-only queued from the page -> "
-                  f"{videos[0].name}")
+    report.append(
+        f"browser: every UI workflow loads in the real frontend; decode-only queued from the page -> {videos[0].name}"
+    )
 
 
 def test_the_checks_see_a_missing_node(page, tmp_path):
