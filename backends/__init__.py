@@ -1,6 +1,6 @@
-"""The backend registry: the only part of the pack that knows about devices."""
+"""The backend registry: the only part of the pack that knows about devices. Implementations register
+themselves from their own packages (attention/registrations.py, kernels/registrations.py)."""
 
-from . import attention, wan_vae  # noqa: F401  (register the implementations)
 from .platform import DTYPE_CHOICES, PLATFORM, Platform, detect, resolve_dtype
 from .registry import Impl, Resolution, implementations, ops, register, resolve
 from .report import backend_report

@@ -30,6 +30,7 @@ class Impl:
     probe: Probe | None = None
     fallback: str | None = None  # next implementation to try when this one is unusable
     exact: bool = True  # bit-for-bit/numerically the reference (False: approximate, e.g. sparse)
+    packed: bool = False  # takes a [real | pad] sequence mask-free (padding to a multiple of 128 pays off)
     doc: str = ""
 
     def unusable_reason(self, platform: Platform) -> str | None:

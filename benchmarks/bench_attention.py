@@ -21,9 +21,9 @@ import time
 
 import torch
 
+from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.torch_impl import sdpa
 from omnivideo.backends import PLATFORM, implementations
-from omnivideo.kernels.attention_layout import AttnLayout
-from omnivideo.kernels.attention_torch import sdpa
 
 PATHS = ("flex_block_sparse", "triton_block_sparse", "torch_block_sparse", "rainfusion_reference")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

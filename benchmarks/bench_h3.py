@@ -68,10 +68,10 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from h3_tiny import TRANSFORMER, make_models  # the tiny VAEs are enough: the benchmark stops at latents
 
+    from omnivideo.attention.dispatch import AttentionConfig
     from omnivideo.backends import PLATFORM
-    from omnivideo.models.h3_loader import geometry_of, latent_norm_of
+    from omnivideo.models.h3.loader import geometry_of, latent_norm_of
     from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
-    from omnivideo.pipelines.attention import AttentionConfig
     from omnivideo.pipelines.h3 import sample
 
     overrides, width, height, frames = CONFIGS[config_name]
@@ -118,7 +118,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    from omnivideo.pipelines.h3.geometry import resolve_shape
+    from omnivideo.models.h3.geometry import resolve_shape
 
     shape = resolve_shape(frames, width, height, extras["geometry"])
     seq = (

@@ -55,7 +55,7 @@ def _sync(torch, device):
 def run_config(args) -> dict:
     import torch
 
-    from omnivideo.models.omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
+    from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT
     from omnivideo.pipelines.omnidreams import rollout
 
     device = torch.device(args.device)

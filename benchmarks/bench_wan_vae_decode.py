@@ -32,7 +32,7 @@ def run_variant(args) -> dict:
     import torch
     from diffusers import AutoencoderKLWan
 
-    from omnivideo.models.wan_vae_convert import WAN21_CONFIG, WAN22_CONFIG
+    from omnivideo.models.wan_vae.convert import WAN21_CONFIG, WAN22_CONFIG
     from omnivideo.pipelines.wan_decode import decode_latent, select_fusion
 
     torch.backends.cudnn.benchmark = False

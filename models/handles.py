@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ..pipelines.attention import AttentionConfig
+    from ..attention.dispatch import AttentionConfig
 
 FAMILIES = ("omnidreams", "h3")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from .. import compat
+from ..attention.dispatch import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers, validate
 from ..compat import io
-from ..pipelines.attention import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers, validate
-from ..pipelines.attention_patch import NativeAttentionPatch
+from ..integration.attention_patch import NativeAttentionPatch
 from .types import AttentionType
 
 log = logging.getLogger("omnivideo")

@@ -3,11 +3,12 @@ Sampling is the shared OmniVideo Sampler node (family "h3" -> pipelines.h3.sampl
 
 from __future__ import annotations
 
-from .. import compat, safe_paths
+from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
-from ..models.h3_loader import folder_problem, load_h3
-from ..models.h3_text import (
+from ..integration import safe_paths
+from ..models.h3.loader import folder_problem, load_h3
+from ..models.h3.text import (
     H3TextEncoder,
     embedding_problem,
     encode_prompt,

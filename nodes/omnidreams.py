@@ -3,12 +3,13 @@ first-frame and HD-map conditioning. Sampling is the shared OmniVideo Sampler no
 
 from __future__ import annotations
 
-from .. import compat, safe_paths
+from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
+from ..integration import safe_paths
 from ..models.handles import OmniVideoConditioning, OmniVideoModel
-from ..models.omnidreams_loader import load_omnidreams
-from ..models.omnidreams_text import (
+from ..models.omnidreams.loader import load_omnidreams
+from ..models.omnidreams.text import (
     TextEncoder,
     embedding_problem,
     encode_prompt,

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import compat
-from ..models.omnidreams_dit import OmniDreamsDiT
-from ..models.wan_vae_convert import WAN21_CONFIG
-from .kv_cache import RollingKVCache
+from ..models.omnidreams.dit import OmniDreamsDiT
+from ..models.omnidreams.kv_cache import RollingKVCache
+from ..models.wan_vae.convert import WAN21_CONFIG
 
 # Wan 2.1 latent normalisation (= ComfyUI's Wan21 latent format): model latent = (mu - mean) / std
 LATENT_MEAN = tuple(WAN21_CONFIG["latents_mean"])

@@ -15,8 +15,9 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, u
 
 from .. import compat
 from ..backends import PLATFORM, resolve
-from ..models.wan_vae_convert import diffusers_vae_from_comfy, wan_version
-from ..models.wan_vae_fused import install_fused_decoder
+from ..kernels import registrations as _registrations  # noqa: F401  (the fusion levels resolve() picks from)
+from ..models.wan_vae.convert import diffusers_vae_from_comfy, wan_version
+from ..models.wan_vae.fused import install_fused_decoder
 
 # node choice -> registry implementation name
 FUSION_CHOICES = {"auto": "auto", "triton": "triton", "torch": "torch_fused", "off": "reference"}

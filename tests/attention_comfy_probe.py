@@ -21,8 +21,8 @@ import comfy.ops  # noqa: E402
 import comfy.sample  # noqa: E402
 import comfy.sd  # noqa: E402
 
+from omnivideo.attention.dispatch import AttentionConfig  # noqa: E402
 from omnivideo.nodes.attention import OmniVideoPatchModelAttention  # noqa: E402
-from omnivideo.pipelines.attention import AttentionConfig  # noqa: E402
 
 
 def tiny_wan_state_dict():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from omnivideo.models.omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
-from omnivideo.models.omnidreams_loader import final_rows_to_storage
+from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT
+from omnivideo.models.omnidreams.loader import final_rows_to_storage
 
 TINY = OmniDreamsConfig(
     model_channels=64, num_blocks=2, num_heads=2, mlp_hidden=256, adaln_lora_dim=16, text_in_dim=96, text_dim=32

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omnivideo.attention import dispatch as A
+from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.backends import PLATFORM, Platform, resolve
-from omnivideo.kernels.attention_layout import AttnLayout
-from omnivideo.kernels.attention_torch import rainfusion_reference
-from omnivideo.pipelines import attention as A
 
 CPU = Platform("cpu", torch.device("cpu"), "test")
 GRID, PREFIX = (3, 16, 16), 16  # the shape of test_attention_rainfusion: one flex compile
@@ -141,7 +141,7 @@ def test_video_must_be_the_tail_of_the_real_rows():
 
 
 def test_unconnected_attention_is_the_same_default_for_every_family():
-    from omnivideo.models import h3_attention
+    from omnivideo.models.h3 import attention as h3_attention
 
     assert h3_attention.normalize_config is A.normalize_config  # one normaliser, used by H3 and OmniDreams
     assert A.normalize_config(None) == A.AttentionConfig() and A.AttentionConfig().backend == "auto"

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnivideo.kernels.attention_layout import AttnLayout
-from omnivideo.kernels.attention_torch import rainfusion_reference
+from omnivideo.attention.dispatch import AttentionConfig
+from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.torch_impl import rainfusion_reference
+from omnivideo.integration.attention_patch import patch_grid, sampling_step
 from omnivideo.nodes import node_classes
 from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
-from omnivideo.pipelines.attention import AttentionConfig
-from omnivideo.pipelines.attention_patch import patch_grid, sampling_step
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = (3, 16, 16)  # patch grid of a [1, C, 3, 32, 32] latent with Wan's (1, 2, 2) patches

@@ -10,11 +10,11 @@ import types
 import pytest
 import torch
 
+from omnivideo.attention.dispatch import AttentionConfig, AttentionStats, attention, validate
+from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.backends import backend_report, detect, resolve
 from omnivideo.backends.registry import clear_cache
-from omnivideo.kernels.attention_layout import AttnLayout
-from omnivideo.kernels.attention_torch import rainfusion_reference
-from omnivideo.pipelines.attention import AttentionConfig, AttentionStats, attention, validate
 
 
 def _math_attention(q, k, v, scale):
@@ -227,8 +227,8 @@ def test_rainfusion_runs_our_plan_on_the_mindie_kernel(NPU, mindiesd, grid, pref
     kernels/rainfusion.py, so it selects what CPU/CUDA select, including the block that mixes video and prefix
     rows when the video rows are not a multiple of 128 (480 here: block 3 holds video rows 384-479 and the
     first 32 prefix rows)."""
-    from omnivideo.kernels.attention_npu import mindie_block_tables
-    from omnivideo.kernels.rainfusion import plan_and_permute
+    from omnivideo.attention.npu_impl import mindie_block_tables
+    from omnivideo.attention.rainfusion import plan_and_permute
 
     q, k, v = qkv(b=2, s=prefix + math.prod(grid), seed=3)
     cfg = AttentionConfig("rainfusion", sparsity=0.7, min_video_blocks=2)

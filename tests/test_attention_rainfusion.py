@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from omnivideo.attention import rainfusion as R
+from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.torch_impl import block_sparse_gather, rainfusion_reference, sdpa
 from omnivideo.backends import PLATFORM, implementations
-from omnivideo.kernels import rainfusion as R
-from omnivideo.kernels.attention_layout import AttnLayout
-from omnivideo.kernels.attention_torch import block_sparse_gather, rainfusion_reference, sdpa
 
 BS = 32  # small but valid block for tests (production: 128)
 GRID, PREFIX = (3, 16, 16), 16  # 784 rows, 25 blocks: first frame = 8 blocks, prefix in the last one
@@ -38,7 +38,7 @@ def _triton():
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1 (set by conftest on CPU)")
-    from omnivideo.kernels.attention_triton import triton_block_sparse
+    from omnivideo.attention.triton_impl import triton_block_sparse
 
     return triton_block_sparse
 

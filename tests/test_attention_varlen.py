@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnivideo.kernels.attention_layout import AttnLayout
-from omnivideo.kernels.attention_torch import flash_varlen, sdpa
+from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.torch_impl import flash_varlen, sdpa
 
 S, USED = 300, 220
 
@@ -72,7 +72,7 @@ def test_cudnn_preference_is_ordered(monkeypatch):
 
     import torch.nn.attention as nn_attention
 
-    from omnivideo.kernels import attention_torch
+    from omnivideo.attention import torch_impl as attention_torch
 
     calls = []
 
@@ -97,7 +97,11 @@ def test_cudnn_preference_is_ordered(monkeypatch):
 
 
 def test_scale_and_stats_helpers_are_shared():
-    from omnivideo.kernels import attention_flex, attention_layout, attention_npu, attention_torch, rainfusion
+    from omnivideo.attention import flex_impl as attention_flex
+    from omnivideo.attention import layout as attention_layout
+    from omnivideo.attention import npu_impl as attention_npu
+    from omnivideo.attention import rainfusion
+    from omnivideo.attention import torch_impl as attention_torch
 
     assert attention_torch._scale is attention_layout.resolve_scale is attention_npu._scale
     assert attention_flex.resolve_scale is attention_layout.resolve_scale

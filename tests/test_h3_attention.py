@@ -8,10 +8,10 @@ import torch
 from h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
 import omnivideo.pipelines.h3.sampler as h3_sampler
-from omnivideo.models.h3_attention import h3_attention
-from omnivideo.models.h3_loader import geometry_of, latent_norm_of
+from omnivideo.attention.dispatch import AttentionConfig
+from omnivideo.models.h3.attention import h3_attention
+from omnivideo.models.h3.loader import geometry_of, latent_norm_of
 from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
-from omnivideo.pipelines.attention import AttentionConfig
 from omnivideo.pipelines.h3 import sample
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
 
@@ -120,7 +120,7 @@ def test_processors_are_restored_and_layout_is_checked(parts):
     with pytest.raises(RuntimeError, match="did not set the layout"):
         with h3_attention(transformer, None):
             e, t = text_inputs()
-            from omnivideo.pipelines.h3.geometry import resolve_shape
+            from omnivideo.models.h3.geometry import resolve_shape
             from omnivideo.pipelines.h3.layout import build_layout
 
             lay = build_layout(t, resolve_shape(FRAMES, W, H, parts[2]["geometry"]), parts[2]["geometry"])

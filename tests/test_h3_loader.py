@@ -10,9 +10,9 @@ from h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
 from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 from safetensors.torch import save_file
 
-from omnivideo.models.h3_loader import H3LoadError, load_h3
-from omnivideo.models.h3_text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings
-from omnivideo.pipelines.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
+from omnivideo.models.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
+from omnivideo.models.h3.loader import H3LoadError, load_h3
+from omnivideo.models.h3.text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings
 
 CPU = torch.device("cpu")
 
@@ -104,7 +104,8 @@ def test_frame_and_size_validation():
 def test_limits_agree_with_diffusers():
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MiniMaxH3ModularPipeline as P
 
-    from omnivideo.pipelines.h3 import geometry, keyframes
+    from omnivideo.models.h3 import geometry
+    from omnivideo.pipelines.h3 import keyframes
 
     assert (geometry.MIN_SECONDS, geometry.MAX_SECONDS) == (P.min_duration.fget(None), P.max_duration.fget(None))
     assert keyframes.PIXEL_MEAN == P.pixel_mean.fget(None) and keyframes.ENCODE_SEED == P.keyframe_encode_seed.fget(
@@ -157,7 +158,7 @@ def test_embeddings_roundtrip_and_errors(tmp_path):
 def test_text_encoder_folder_loads_and_checks_layer(tmp_path):
     from h3_tiny_qwen import write_text_encoder_folder
 
-    from omnivideo.models.h3_text import load_text_encoder
+    from omnivideo.models.h3.text import load_text_encoder
 
     folder = write_text_encoder_folder(tmp_path / "qwen", *tiny_qwen3vl())
     with pytest.raises(ValueError, match="hidden layer 50 needs more than 50 decoder layers"):
@@ -170,7 +171,7 @@ def test_build_model_reads_the_state_dict_once(tiny, monkeypatch):
     """Shapes are computed once, not a fresh model.state_dict() per key (quadratic on 1000s of keys)."""
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from omnivideo.models import h3_loader
+    from omnivideo.models.h3 import loader as h3_loader
 
     transformer = tiny[0]
     calls = []

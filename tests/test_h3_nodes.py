@@ -9,10 +9,10 @@ from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
 from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
 
 from omnivideo import compat
-from omnivideo.models.h3_text import H3TextEncoder
+from omnivideo.models.h3.geometry import FPS
+from omnivideo.models.h3.text import H3TextEncoder
 from omnivideo.nodes import h3 as nodes
 from omnivideo.nodes.sampler import OmniVideoSampler
-from omnivideo.pipelines.h3.geometry import FPS
 
 
 @pytest.fixture(scope="module")

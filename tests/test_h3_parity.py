@@ -6,7 +6,7 @@ import pytest
 import torch
 from h3_tiny import FRAMES, HEIGHT, WIDTH, keyframe_images, make_models, reference_pipeline, text_inputs, write_folder
 
-from omnivideo.models.h3_loader import load_h3
+from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.handles import OmniVideoConditioning
 from omnivideo.pipelines.h3 import AUDIO_KEY, sample
 from omnivideo.pipelines.h3.decode import decode_audio, decode_video

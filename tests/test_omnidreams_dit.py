@@ -9,7 +9,7 @@ import pytest
 import torch
 from omnidreams_tiny import TINY
 
-from omnivideo.models.omnidreams_dit import (
+from omnivideo.models.omnidreams.dit import (
     OmniDreamsConfig,
     apply_rope,
     patchify,
@@ -107,8 +107,8 @@ def test_schedule_numbers():
 
 
 def test_attention_with_a_longer_cached_window_is_plain_softmax():
-    from omnivideo.models.omnidreams_dit import _attention
-    from omnivideo.pipelines.attention import AttentionConfig
+    from omnivideo.attention.dispatch import AttentionConfig
+    from omnivideo.models.omnidreams.dit import _attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, 2, 32, generator=g) for n in (12, 36, 36))
@@ -288,8 +288,8 @@ def test_forward_matches_spec_reference():
     attending to chunk 0's K/V through the real rolling cache."""
     from omnidreams_tiny import stored_state_dict
 
-    from omnivideo.models.omnidreams_loader import build_model
-    from omnivideo.pipelines.kv_cache import RollingKVCache
+    from omnivideo.models.omnidreams.kv_cache import RollingKVCache
+    from omnivideo.models.omnidreams.loader import build_model
 
     stored = stored_state_dict(TINY, seed=5)
     model = build_model(stored, torch.float32, torch.device("cpu"))

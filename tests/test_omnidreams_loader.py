@@ -10,8 +10,8 @@ from omnidreams_tiny import TINY, stored_state_dict
 from safetensors.torch import save_file
 
 from omnivideo.backends import resolve_dtype
-from omnivideo.models.omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT, patchify
-from omnivideo.models.omnidreams_loader import (
+from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT, patchify
+from omnivideo.models.omnidreams.loader import (
     CheckpointError,
     build_model,
     final_rows_to_model,
@@ -69,7 +69,7 @@ def test_fused_model_equals_the_stored_layout_network():
     hidden = torch.randn(1, 8, 64)
     rows_stored = (hidden @ sd["final_layer.linear.weight"].T).reshape(1, 2, 2, 2, 2, 2, 16)  # t h w kh kw c
     by_hand = rows_stored.permute(0, 6, 1, 2, 4, 3, 5).reshape(1, 16, 2, 4, 4)
-    from omnivideo.models.omnidreams_dit import unpatchify
+    from omnivideo.models.omnidreams.dit import unpatchify
 
     torch.testing.assert_close(unpatchify(model.final_layer.linear(hidden), 16, 2, 2, 2, 2, 1), by_hand)
 

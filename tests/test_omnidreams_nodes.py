@@ -8,7 +8,7 @@ import torch
 from omnidreams_tiny import TINY, stored_state_dict
 
 from omnivideo.models.handles import OmniVideoConditioning
-from omnivideo.models.omnidreams_text import save_embedding
+from omnivideo.models.omnidreams.text import save_embedding
 from omnivideo.nodes import omnidreams as nodes
 from omnivideo.nodes.sampler import OmniVideoSampler, sampler_for
 from omnivideo.pipelines import omnidreams as pipe
@@ -137,7 +137,7 @@ def test_text_encode_rejects_another_familys_encoder():
 
 
 def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders, monkeypatch):
-    from omnivideo.models.omnidreams_text import TextEncoder, load_embedding
+    from omnivideo.models.omnidreams.text import TextEncoder, load_embedding
 
     out_dir = comfy_folders.output
     encoded = []

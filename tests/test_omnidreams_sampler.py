@@ -8,11 +8,11 @@ import pytest
 import torch
 from omnidreams_tiny import TINY, stored_state_dict
 
-from omnivideo.models import omnidreams_dit
 from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
-from omnivideo.models.omnidreams_loader import build_model
+from omnivideo.models.omnidreams import dit as omnidreams_dit
+from omnivideo.models.omnidreams.kv_cache import RollingKVCache
+from omnivideo.models.omnidreams.loader import build_model
 from omnivideo.pipelines import omnidreams as pipe
-from omnivideo.pipelines.kv_cache import RollingKVCache
 
 H, W = 4, 6  # latent size: 2x3 tokens per frame with the 2x2 patch
 FRAME_TOKENS = (H // 2) * (W // 2)

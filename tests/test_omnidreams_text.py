@@ -9,7 +9,7 @@ from omnidreams_tiny import TEXT_HIDDEN as HIDDEN
 from omnidreams_tiny import TEXT_LAYERS as LAYERS
 from omnidreams_tiny import write_tiny_cosmos_reason1
 
-from omnivideo.models import omnidreams_text as te
+from omnivideo.models.omnidreams import text as te
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from omnivideo import safe_paths
+from omnivideo.integration import safe_paths
 from omnivideo.models.checkpoint_io import CheckpointError, read_safetensors, read_torch_file, safetensors_keys
 from omnivideo.nodes import h3 as h3_nodes
 from omnivideo.nodes import omnidreams as od_nodes
@@ -297,7 +297,7 @@ def test_encode_first_frame_checks_the_vae_before_encoding():
 def test_truncated_h3_vae_names_the_file(tmp_path):
     from h3_tiny import make_models, write_folder
 
-    from omnivideo.models.h3_loader import load_h3
+    from omnivideo.models.h3.loader import load_h3
 
     root = write_folder(tmp_path / "MiniMax-H3", *make_models(seed=0))
     weights = root / "vae" / "diffusion_pytorch_model.safetensors"

@@ -17,7 +17,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from wan_vae_fixtures import FakeComfyVAE, StateDictModule, decode, randomize, tiny_from_config, to_original_names
 
-from omnivideo.models import wan_vae_convert as wc
+from omnivideo.models.wan_vae import convert as wc
 
 # 2.1: diffusers' converter hard-codes the released depth (4 levels, 2 res blocks); only widths shrink.
 TINY21 = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2)

@@ -8,7 +8,7 @@ from wan_vae_fixtures import CONFIGS, tiny_from_config, tiny_latent, tiny_wan_va
 
 from omnivideo import compat
 from omnivideo.backends import resolve
-from omnivideo.models.wan_vae_fused import install_fused_decoder, installed_level
+from omnivideo.models.wan_vae.fused import install_fused_decoder, installed_level
 from omnivideo.pipelines.wan_decode import decode_latent, select_fusion, validate_latent
 
 LEVELS = ["reference", "torch_fused", "triton"]
@@ -113,7 +113,7 @@ def test_guard_falls_back_to_diffusers_order_when_grad_enabled():
 
 def test_mixed_layout_cache_falls_back():
     """A cache in another layout than x (possible after an external cache edit) is not fused."""
-    from omnivideo.models.wan_vae_fused import _fusable
+    from omnivideo.models.wan_vae.fused import _fusable
 
     ops = resolve("wan_vae", "torch_fused").load()
     x = torch.randn(1, 4, 1, 3, 3).contiguous(memory_format=torch.channels_last_3d)

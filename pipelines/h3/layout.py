@@ -23,7 +23,7 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
     MINIMAX_H3_VIDEO_TAG,
 )
 
-from .geometry import AUDIO_CHANNELS, H3Geometry, H3Shape
+from ...models.h3.geometry import AUDIO_CHANNELS, H3Geometry, H3Shape
 
 KEYFRAME_T = 0.999  # MiniMaxH3ModularPipeline.keyframe_noise_aug: anchors are held just short of clean
 PAD_MULTIPLE = 128  # packed varlen backends see S rounded up to this (the [real | pad] contract)

@@ -15,10 +15,10 @@ from diffusers import MiniMaxH3Scheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from ... import compat
-from ...models.h3_attention import h3_attention, uses_packing
+from ...attention.dispatch import normalize_config
+from ...models.h3.attention import h3_attention, uses_packing
+from ...models.h3.geometry import AUDIO_CHANNELS, FPS, H3Geometry, resolve_shape
 from ...models.handles import OmniVideoConditioning, OmniVideoModel
-from ..attention import normalize_config
-from .geometry import AUDIO_CHANNELS, FPS, H3Geometry, resolve_shape
 from .layout import KEYFRAME_T, PAD_MULTIPLE, build_layout, patchify_video_latents, unpack_audio, unpatchify_video
 
 log = logging.getLogger("omnivideo")

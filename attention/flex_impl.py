@@ -20,7 +20,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from .attention_layout import AttnLayout, resolve_scale
+from .layout import AttnLayout, resolve_scale
 from .rainfusion import plan_and_permute, protected_positions, record_stats
 
 _tables: dict[tuple, torch.Tensor] = {}
@@ -81,7 +81,7 @@ def block_mask_from_plan(plan, device, rows: torch.Tensor | None = None):
 
 
 def flex_block_sparse(
-    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None, **_
+    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
 ):
     """Protected query rows (first frame, dense rows) run dense SDPA in the original order - exact, and
     the dense kernel is faster per row; the other query blocks run flex over their kept key blocks."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from .checkpoint_io import read_json, read_safetensors, safetensors_keys
+from ... import compat
+from ..checkpoint_io import read_json, read_safetensors, safetensors_keys
 
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
 MAX_TOKENS = 512

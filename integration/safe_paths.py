@@ -19,7 +19,7 @@ import re
 import tempfile
 from collections.abc import Callable
 
-from . import compat
+from .. import compat
 
 MAX_NAME_CHARS = 1024
 MAX_NAME_PARTS = 16

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from diffusers.models.autoencoders import autoencoder_kl_wan as dwan
 
-from ..kernels.wan_vae_torch import memory_format_of
+from ...kernels.wan_vae_torch import memory_format_of
 
 CACHE_T = dwan.CACHE_T
 LEVELS = ("reference", "torch_fused", "triton")

@@ -14,6 +14,8 @@ sparsity are accumulated in `AttentionStats`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import re
@@ -21,8 +23,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backends import PLATFORM, Platform, resolve
-from ..backends.attention import SPARSE, block_size_error
-from ..kernels.attention_layout import AttnLayout
+from ..backends.attention import block_size_error
+from .layout import AttnLayout
+from .registrations import sparse_names
 
 log = logging.getLogger("omnivideo")
 
@@ -75,7 +78,7 @@ def validate(
 ) -> str | None:
     """None when the settings are usable, else a message saying what to change."""
     platform = platform or PLATFORM
-    if backend not in BACKENDS and backend not in SPARSE:
+    if backend not in BACKENDS and backend not in sparse_names():
         return f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}"
     if not (0.0 <= float(sparsity) <= MAX_SPARSITY):
         return f"sparsity {sparsity} is out of range: use 0.0 to {MAX_SPARSITY} (0.8 is a good start for video)"
@@ -113,7 +116,7 @@ class AttentionConfig:
 
     @property
     def is_sparse(self) -> bool:
-        return self.backend == "rainfusion" or self.backend in SPARSE
+        return self.backend == "rainfusion" or self.backend in sparse_names()
 
 
 def normalize_config(config) -> AttentionConfig:
@@ -195,6 +198,17 @@ def dense_reason(
     return None
 
 
+@functools.cache
+def _accepted(fn) -> frozenset[str]:
+    return frozenset(inspect.signature(fn).parameters)
+
+
+def _call(fn, q, k, v, **kwargs):
+    """Call an implementation with only the keyword arguments it declares."""
+    accepted = _accepted(fn)
+    return fn(q, k, v, **{name: value for name, value in kwargs.items() if name in accepted})
+
+
 def _impl(requested: str, exact: bool | None, platform: Platform):
     # resolved per call: the registry caches its answers per (op, requested, platform, exact)
     res = resolve("attention", requested, platform, exact=exact)
@@ -211,7 +225,7 @@ def dense_backend(config: AttentionConfig | None, platform: Platform | None = No
 def sparse_backend(config: AttentionConfig, platform: Platform | None = None):
     """(name, fn) of the RainFusion executor: the named one (with fallbacks) or the fastest usable."""
     platform = platform or PLATFORM
-    requested = config.backend if config.backend in SPARSE else "auto"
+    requested = config.backend if config.backend in sparse_names() else "auto"
     return _impl(requested, False, platform)
 
 
@@ -238,7 +252,7 @@ def attention(
     config = normalize_config(config)
     if not config.is_sparse:
         _, fn = dense_backend(config, platform)
-        return fn(q, k, v, scale=scale, layout=layout)
+        return _call(fn, q, k, v, scale=scale, layout=layout)
 
     why = dense_reason(config, q, k, layout, step, layer)
     if why is not None:
@@ -246,7 +260,7 @@ def attention(
         if stats is not None:
             stats.dense_calls[why[0]] += 1
         _, fn = dense_backend(None, platform)
-        return fn(q, k, v, scale=scale, layout=layout)
+        return _call(fn, q, k, v, scale=scale, layout=layout)
 
     name, fn = sparse_backend(config, platform)
     s = q.shape[1]
@@ -255,7 +269,8 @@ def attention(
     info: dict = {}
     if real < s:  # packed [real | pad], batch 1: attend the real rows only, padding rows are never read
         out = q.new_zeros(q.shape)
-        out[:, :real] = fn(
+        out[:, :real] = _call(
+            fn,
             q[:, :real],
             k[:, :real],
             v[:, :real],
@@ -266,8 +281,16 @@ def attention(
             stats=info,
         )
     else:
-        out = fn(
-            q, k, v, scale=scale, layout=run_layout, sparsity=config.sparsity, block_size=config.block_size, stats=info
+        out = _call(
+            fn,
+            q,
+            k,
+            v,
+            scale=scale,
+            layout=run_layout,
+            sparsity=config.sparsity,
+            block_size=config.block_size,
+            stats=info,
         )
     if stats is not None:
         stats.sparse_calls += 1

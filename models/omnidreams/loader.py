@@ -15,8 +15,8 @@ import re
 
 import torch
 
-from .checkpoint_io import CheckpointError, read_safetensors, read_torch_file
-from .omnidreams_dit import OmniDreamsConfig, OmniDreamsDiT
+from ..checkpoint_io import CheckpointError, read_safetensors, read_torch_file
+from .dit import OmniDreamsConfig, OmniDreamsDiT
 
 PREFIX = "net."
 _LIST_LIMIT = 12  # keys named per category in an error message

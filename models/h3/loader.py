@@ -24,9 +24,9 @@ from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_c
 from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoRotaryPosEmbed
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
 
-from ..backends import resolve_dtype
-from ..pipelines.h3.geometry import H3Geometry
-from .checkpoint_io import CheckpointError, check_safetensors, read_json, read_safetensors
+from ...backends import resolve_dtype
+from ..checkpoint_io import CheckpointError, check_safetensors, read_json, read_safetensors
+from .geometry import H3Geometry
 
 log = logging.getLogger("omnivideo")
 
@@ -260,7 +260,7 @@ def load_h3(
     attention=None,
 ):
     """-> (OmniVideoModel family "h3", video VAE, audio VAE). Everything stays on CPU until a node runs it."""
-    from .handles import OmniVideoModel
+    from ..handles import OmniVideoModel
 
     dtype = resolve_dtype(dtype, device)
     root = check_folder(folder, need_transformer_weights=transformer_file is None)
@@ -283,7 +283,7 @@ def load_h3(
     audio_vae = load_component(root, "audio_vae", torch.float32)  # the audio VAE stays fp32
     video_cfg, audio_cfg = scheduler_configs(root)
     if device is None:
-        from ..backends import PLATFORM
+        from ...backends import PLATFORM
 
         device = PLATFORM.device
     model = OmniVideoModel(

@@ -12,8 +12,8 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from .attention_layout import AttnLayout, key_padding_mask, packed_used
-from .attention_layout import resolve_scale as _scale
+from .layout import AttnLayout, key_padding_mask, packed_used
+from .layout import resolve_scale as _scale
 from .rainfusion import plan_and_permute, protected_positions, record_stats, token_mask
 
 
@@ -32,7 +32,7 @@ def _sliced(q, k, v, used, fn):
     return out
 
 
-def sdpa(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
+def sdpa(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     """torch scaled_dot_product_attention; honours packed lengths mask-free."""
     scale = _scale(q, scale)
     b, s = q.shape[:2]
@@ -75,7 +75,7 @@ def _sdpa_pinned(q, k, v, scale):
     return _sdpa(q, k, v, scale)
 
 
-def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
+def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     """Packed mask-free attention: flash_attn_varlen_func when available, else K/V slicing + SDPA."""
     scale = _scale(q, scale)
     b, s, h, d = q.shape
@@ -97,7 +97,7 @@ def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
 
 
 def rainfusion_reference(
-    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None, **_
+    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
 ):
     """Reference: rf_v2 block mask expanded to a boolean [S, S] mask, then SDPA (tests, small inputs)."""
     scale = _scale(q, scale)
@@ -118,7 +118,6 @@ def block_sparse_gather(
     block_size: int = 128,
     stats: dict | None = None,
     chunk_bytes: int = 1 << 28,
-    **_,
 ):
     """rf_v2 executed by gathering each query block's kept K/V blocks and running SDPA on them.
 

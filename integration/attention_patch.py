@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from ..kernels.attention_layout import AttnLayout
-from .attention import AttentionConfig, AttentionStats, attention, dense_reason, log_dense_once
+from ..attention.dispatch import AttentionConfig, AttentionStats, attention, dense_reason, log_dense_once
+from ..attention.layout import AttnLayout
 
 log = logging.getLogger("omnivideo")
 

@@ -18,7 +18,7 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
 from safetensors.torch import save_file
 
-from .checkpoint_io import read_json, read_safetensors, safetensors_keys
+from ..checkpoint_io import read_json, read_safetensors, safetensors_keys
 
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
 EMBED_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_layout import AttnLayout, resolve_scale
+from .layout import AttnLayout, resolve_scale
 from .rainfusion import plan_and_permute, record_stats
 
 
@@ -93,7 +93,7 @@ def block_sparse_attend(qp, kp, vp, kv_num, kv_idx, scale: float, block_size: in
 
 
 def triton_block_sparse(
-    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None, **_
+    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
 ):
     b, s, h, d = q.shape
     scale = resolve_scale(q, scale)

@@ -21,8 +21,8 @@ import logging
 import torch
 
 from ..backends.attention import NPU_BLOCK_SIZE
-from .attention_layout import AttnLayout, key_padding_mask, packed_used
-from .attention_layout import resolve_scale as _scale
+from .layout import AttnLayout, key_padding_mask, packed_used
+from .layout import resolve_scale as _scale
 from .rainfusion import plan_and_permute
 
 log = logging.getLogger("omnivideo")
@@ -48,7 +48,7 @@ def _masked_fallback(q, k, v, scale, layout: AttnLayout):
         "packed varlen contract failed (batch > 1 or bad lengths); using a key-padding "
         "mask rebuilt from valid_kv_length",
     )
-    from .attention_torch import _sdpa
+    from .torch_impl import _sdpa
 
     return _sdpa(q, k, v, scale, key_padding_mask(layout, q.shape[0], q.shape[1], q.device))
 
@@ -60,7 +60,7 @@ def _packed(q, layout: AttnLayout | None) -> tuple[int | None, bool]:
     return used, layout is not None and layout.kv_lengths is not None and used is None and b > 1
 
 
-def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
+def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     scale = _scale(q, scale)
     b, s, h, d = q.shape
     used, masked = _packed(q, layout)
@@ -75,7 +75,7 @@ def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None, 
     return out.view(b, s, h, d)
 
 
-def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None, **_):
+def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     scale = _scale(q, scale)
     s = q.shape[1]
     used, masked = _packed(q, layout)
@@ -118,7 +118,6 @@ def npu_rainfusion(
     scale=None,
     block_size: int = NPU_BLOCK_SIZE,
     stats: dict | None = None,
-    **_,
 ):
     if block_size != NPU_BLOCK_SIZE:
         raise ValueError(f"npu_rainfusion: MindIE-SD supports block_size {NPU_BLOCK_SIZE} only, got {block_size}")

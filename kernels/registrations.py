@@ -1,8 +1,9 @@
-"""Wan VAE decode data movement: where the fused cat+pad and DupUp3D+add run."""
+"""The Wan VAE decode's fusion levels, registered with the backend registry: where the fused cat+pad and
+DupUp3D+add run."""
 
 from __future__ import annotations
 
-from .registry import Impl, register, triton_probe
+from ..backends.registry import Impl, register, triton_probe
 
 OP = "wan_vae"
 

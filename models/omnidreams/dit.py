@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.attention_layout import AttnLayout
-from ..pipelines.attention import attention
+from ...attention.dispatch import attention
+from ...attention.layout import AttnLayout
 
 
 @dataclass(frozen=True)

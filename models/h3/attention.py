@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor, _apply_rotary_emb
 
-from ..kernels.attention_layout import AttnLayout
-from ..pipelines.attention import AttentionConfig, AttentionStats, attention, normalize_config
+from ...attention.dispatch import AttentionConfig, AttentionStats, attention, normalize_config
+from ...attention.layout import AttnLayout
+from ...attention.registrations import packed_names
 
 log = logging.getLogger("omnivideo")
 
@@ -31,7 +32,7 @@ __all__ = ["H3AttentionState", "OmniVideoH3AttnProcessor", "h3_attention", "norm
 
 def uses_packing(config: AttentionConfig) -> bool:
     """Packed varlen backends get the sequence padded to a multiple of 128 ([real | pad])."""
-    return config.backend == "flash_varlen"
+    return config.backend in packed_names()
 
 
 @dataclass
