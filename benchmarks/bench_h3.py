@@ -71,7 +71,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     from omnivideo.attention.dispatch import AttentionConfig
     from omnivideo.backends import PLATFORM
     from omnivideo.models.h3.loader import geometry_of, latent_norm_of
-    from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
+    from omnivideo.models.handles import H3Conditioning, H3Model
     from omnivideo.pipelines.h3 import sample
 
     overrides, width, height, frames = CONFIGS[config_name]
@@ -82,12 +82,16 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     for name, p in transformer.named_parameters():  # the fp32 islands, as the loader keeps them
         if any(k in name.split(".") for k in transformer._keep_in_fp32_modules):
             p.data = p.data.float()
-    extras = {"geometry": geometry_of(transformer, vae, audio_vae), "latent_norm": latent_norm_of(vae, audio_vae)}
-    model = OmniVideoModel(
-        "h3", transformer, dtype, device, attention=AttentionConfig(**BACKENDS[backend]), extras=extras
+    model = H3Model(
+        transformer=transformer,
+        dtype=dtype,
+        device=device,
+        attention=AttentionConfig(**BACKENDS[backend]),
+        geometry=geometry_of(transformer, vae, audio_vae),
+        latent_norm=latent_norm_of(vae, audio_vae),
     )
     emb = torch.randn(1, 64, TRANSFORMER["text_dim"])
-    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": torch.ones(64, dtype=torch.long)})
+    cond = H3Conditioning(text=emb, text_token_tags=torch.ones(64, dtype=torch.long))
     stamps = []
 
     class StepTimer:  # the sampler's progress contract: progress(total) -> object with update(n)
@@ -120,7 +124,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     from omnivideo.models.h3.geometry import resolve_shape
 
-    shape = resolve_shape(frames, width, height, extras["geometry"])
+    shape = resolve_shape(frames, width, height, model.geometry)
     seq = (
         64
         + 2 * shape.num_audio_latents

@@ -1,38 +1,84 @@
-"""The objects that travel between our nodes (ComfyUI sees them as custom types).
+"""The objects that travel between our nodes (ComfyUI sees them as custom socket types, nodes/types.py).
 
-`OMNIVIDEO_MODEL` -> OmniVideoModel, `OMNIVIDEO_CONDITIONING` -> OmniVideoConditioning.
-Family-specific content lives in `extras`; the sampler node dispatches on `family`.
+`OMNIVIDEO_MODEL` carries an `OmniDreamsModel` or an `H3Model`, `OMNIVIDEO_CONDITIONING` an
+`OmniDreamsConditioning` or an `H3Conditioning`: one typed class per family, so every field says what it is.
+Nodes never mutate a handle: `replace` gives a copy with some fields changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 if TYPE_CHECKING:
     from ..attention.dispatch import AttentionConfig
+    from .h3.geometry import H3Geometry
 
 FAMILIES = ("omnidreams", "h3")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OmniVideoModel:
-    family: str  # one of FAMILIES
+    """A loaded transformer and how it runs."""
+
+    family: ClassVar[str] = ""
     transformer: torch.nn.Module
     dtype: torch.dtype
     device: torch.device  # where it runs (from the backend registry)
     attention: AttentionConfig | None = None  # OMNIVIDEO_ATTENTION; None = backend "auto" (fastest exact)
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. H3 schedulers/VAEs, OmniDreams config
 
 
-@dataclass
+@dataclass(kw_only=True)
+class OmniDreamsModel(OmniVideoModel):
+    family: ClassVar[str] = "omnidreams"
+    chunk_frames: int = 2  # latent frames per autoregressive chunk (the released model: 2)
+    window_frames: int = 6  # rolling KV cache, latent frames (sink included)
+    sink_frames: int = 0  # leading latent frames that never leave the window
+
+
+@dataclass(kw_only=True)
+class H3Model(OmniVideoModel):
+    family: ClassVar[str] = "h3"
+    geometry: H3Geometry  # what the sampler needs from the VAEs and the transformer config
+    latent_norm: dict[str, list[float]]  # video_mean / video_std / audio_mean / audio_std
+    scheduler_config: dict = field(default_factory=lambda: {"shift": 12.0})
+    audio_scheduler_config: dict = field(default_factory=lambda: {"shift": 3.0})
+    source: str = ""  # the folder it was loaded from
+
+
+@dataclass(kw_only=True)
 class OmniVideoConditioning:
-    family: str  # one of FAMILIES
-    text: torch.Tensor  # OmniDreams [1, 512, 100352]; H3 [1, Nt, text_dim]
-    extras: dict[str, Any] = field(default_factory=dict)  # first frame / HD-map / keyframe latents, layout info
+    """A prompt embedding and what is attached to it."""
 
-    def with_extras(self, **extras) -> OmniVideoConditioning:
-        """A copy with more conditioning attached (nodes never mutate their inputs)."""
-        return OmniVideoConditioning(self.family, self.text, {**self.extras, **extras})
+    family: ClassVar[str] = ""
+    text: torch.Tensor
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(kw_only=True)
+class OmniDreamsConditioning(OmniVideoConditioning):
+    family: ClassVar[str] = "omnidreams"
+    # text: Cosmos-Reason1 full_concat [1, 512, 100352]
+    first_frame: torch.Tensor | None = None  # normalised latent [1, 16, 1, h, w]: pins frame 0, fixes the size
+    hdmap: torch.Tensor | None = None  # normalised latent [1, 16, T, h, w]
+
+
+@dataclass(kw_only=True)
+class H3Conditioning(OmniVideoConditioning):
+    family: ClassVar[str] = "h3"
+    # text: Qwen3-VL hidden states [1, Nt, text_dim]
+    text_token_tags: torch.Tensor  # [Nt] long: text or keyframe-vision row
+    keyframes: dict | None = None  # latents / anchors / width / height from OmniVideo H3 Keyframes
+
+
+def check_family(obj, family: str, what: str, fix: str) -> None:
+    """A clear error when a handle of another family reaches a family's node."""
+    got = getattr(obj, "family", None)
+    if got != family:
+        found = f"a {got} {what}" if got else f"a {type(obj).__name__}"
+        raise ValueError(f"this node needs a {family} {what} but got {found}: {fix}")

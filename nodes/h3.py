@@ -7,6 +7,7 @@ from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..integration import safe_paths
+from ..models.h3.geometry import FPS, MAX_SECONDS
 from ..models.h3.loader import folder_problem, load_h3
 from ..models.h3.text import (
     H3TextEncoder,
@@ -18,16 +19,23 @@ from ..models.h3.text import (
     save_embeddings,
     vision_rows,
 )
-from ..models.handles import OmniVideoConditioning
-from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
+from ..models.handles import H3Conditioning
+from ..pipelines.h3.sampler import DEFAULT_STEPS, sample
+from .sampling import run_sampler, sampler_inputs
+from .types import (
+    AttentionType,
+    ConditioningType,
+    H3AudioVaeType,
+    H3VaeType,
+    KeyframesType,
+    ModelType,
+    TextEncoderType,
+)
 
-FAMILY = "h3"
-H3VaeType = io.Custom("OMNIVIDEO_H3_VAE")
-H3AudioVaeType = io.Custom("OMNIVIDEO_H3_AUDIO_VAE")
-KeyframesType = io.Custom("OMNIVIDEO_H3_KEYFRAMES")
 FROM_FOLDER = "(transformer/ of the folder)"
 NO_EMBEDDING = ""  # embedding_file unset: run the text encoder (also what the shipped workflows hold)
 WEIGHT_EXTS = (".safetensors",)
+MAX_FRAMES = int(MAX_SECONDS * FPS)  # 15 s at 24 fps
 
 
 def _h3_folder(name: str) -> str:
@@ -44,11 +52,6 @@ def _encoder_folder(name: str) -> str:
 
 def _embedding_file(name: str) -> str:
     return safe_paths.resolve_model_file("text_encoders", name, WEIGHT_EXTS, embedding_problem, what="embedding_file")
-
-
-def _check_family(obj, what: str) -> None:
-    if getattr(obj, "family", FAMILY) != FAMILY:
-        raise ValueError(f"this {what} is for {obj.family}; MiniMax-H3 nodes need H3 inputs.")
 
 
 class OmniVideoH3Loader(io.ComfyNode):
@@ -245,10 +248,8 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 save_as, ".safetensors", lambda tmp: save_embeddings(tmp, embeds, tags, keyframes=count)
             )
             compat.log.info("OmniVideo H3: saved the prompt embedding to %s", path)
-        extras = {"text_token_tags": tags}
-        if keyframes:
-            extras["h3_keyframes"] = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")}
-        return io.NodeOutput(OmniVideoConditioning(FAMILY, embeds, extras))
+        attached = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")} if keyframes else None
+        return io.NodeOutput(H3Conditioning(text=embeds, text_token_tags=tags, keyframes=attached))
 
 
 class OmniVideoH3Decode(io.ComfyNode):
@@ -275,10 +276,42 @@ class OmniVideoH3Decode(io.ComfyNode):
         return io.NodeOutput(frames, audio)
 
 
+class OmniVideoH3Sampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3Sampler",
+            display_name="OmniVideo H3 Sampler",
+            category="OmniVideo/H3",
+            description=(
+                "MiniMax-H3 flow-matching sampler over the packed video + audio + text sequence (Euler, shifts "
+                "12 / 3). Frames snap up to 17n+5 at 24 fps (5-15 s); width/height multiples of 32 (the keyframes' size when "
+                "connected). The LATENT holds video and audio latents for OmniVideo H3 Decode."
+            ),
+            inputs=sampler_inputs(
+                frames=209,
+                max_frames=MAX_FRAMES,
+                frames_tip="Pixel frames at 24 fps (5-15 s; snaps up to 17n+5).",
+                max_steps=200,
+                steps_tip=f"0 = {DEFAULT_STEPS} (49 forwards); turbo LoRAs use 4-8.",
+                size_step=32,
+                width=1344,
+                height=768,
+                size_tip="Output size (multiples of 32).",
+            ),
+            outputs=[io.Latent.Output(display_name="LATENT")],
+        )
+
+    @classmethod
+    def execute(cls, model, conditioning, seed=42, frames=209, steps=0, width=1344, height=768) -> io.NodeOutput:
+        return run_sampler(sample, 32, model, conditioning, seed, frames, steps, width, height)
+
+
 NODES = [
     OmniVideoH3Loader,
     OmniVideoH3TextEncoderLoader,
     OmniVideoH3Keyframes,
     OmniVideoH3TextEncode,
     OmniVideoH3Decode,
+    OmniVideoH3Sampler,
 ]

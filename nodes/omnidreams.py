@@ -7,7 +7,7 @@ from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
 from ..integration import safe_paths
-from ..models.handles import OmniVideoConditioning, OmniVideoModel
+from ..models.handles import OmniDreamsConditioning, OmniDreamsModel, check_family
 from ..models.omnidreams.loader import load_omnidreams
 from ..models.omnidreams.text import (
     TextEncoder,
@@ -18,12 +18,20 @@ from ..models.omnidreams.text import (
     load_text_encoder,
     save_embedding,
 )
-from ..pipelines.omnidreams import ARSettings, check_wan21_vae, encode_first_frame, encode_hdmap
+from ..pipelines.omnidreams import (
+    DEFAULT_STEPS,
+    ARSettings,
+    check_wan21_vae,
+    encode_first_frame,
+    encode_hdmap,
+    sample,
+)
+from .sampling import run_sampler, sampler_inputs
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
-FAMILY = "omnidreams"
 CKPT_EXTS = (".pt", ".pth", ".safetensors")
 EMBEDDING_EXTS = (".safetensors",)
+MAX_FRAMES = 1021  # 128 chunks, 34 s at 30 fps
 
 
 def _checkpoint(name: str) -> str:
@@ -39,11 +47,7 @@ def _embedding(name: str) -> str:
 
 
 def _check_family(conditioning) -> None:
-    if conditioning.family != FAMILY:
-        raise ValueError(
-            f"this conditioning is for {conditioning.family}; OmniDreams nodes need OmniDreams "
-            f"conditioning (OmniDreams Text Encode or Load Text Embedding)"
-        )
+    check_family(conditioning, "omnidreams", "conditioning", "use OmniDreams Text Encode or Load Text Embedding")
 
 
 class OmniDreamsModelLoader(io.ComfyNode):
@@ -84,13 +88,13 @@ class OmniDreamsModelLoader(io.ComfyNode):
         device = PLATFORM.device
         torch_dtype = resolve_dtype(dtype, device)
         dit = load_omnidreams(path, torch_dtype, device)
-        model = OmniVideoModel(
-            FAMILY,
-            dit,
-            torch_dtype,
-            device,
-            attention,
-            extras={"config": dit.config, "ar": {"window_frames": window_frames, "sink_frames": sink_frames}},
+        model = OmniDreamsModel(
+            transformer=dit,
+            dtype=torch_dtype,
+            device=device,
+            attention=attention,
+            window_frames=window_frames,
+            sink_frames=sink_frames,
         )
         return io.NodeOutput(model)
 
@@ -170,7 +174,7 @@ class OmniDreamsTextEncode(io.ComfyNode):
                 save_as, ".safetensors", lambda tmp: save_embedding(tmp, embedding, prompt)
             )
             compat.log.info("OmniDreams: saved the prompt embedding to %s", path)
-        return io.NodeOutput(OmniVideoConditioning(FAMILY, embedding))
+        return io.NodeOutput(OmniDreamsConditioning(text=embedding))
 
 
 class OmniDreamsLoadTextEmbedding(io.ComfyNode):
@@ -198,7 +202,7 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
 
     @classmethod
     def execute(cls, embedding) -> io.NodeOutput:
-        return io.NodeOutput(OmniVideoConditioning(FAMILY, load_embedding(_embedding(embedding))))
+        return io.NodeOutput(OmniDreamsConditioning(text=load_embedding(_embedding(embedding))))
 
 
 def _size_inputs() -> list:
@@ -233,7 +237,7 @@ class OmniDreamsEncodeFirstFrame(io.ComfyNode):
     def execute(cls, conditioning, vae, image, width=1280, height=704) -> io.NodeOutput:
         _check_family(conditioning)
         check_wan21_vae(vae)
-        return io.NodeOutput(conditioning.with_extras(first_frame=encode_first_frame(vae, image, width, height)))
+        return io.NodeOutput(conditioning.replace(first_frame=encode_first_frame(vae, image, width, height)))
 
 
 class OmniDreamsEncodeHDMap(io.ComfyNode):
@@ -262,7 +266,39 @@ class OmniDreamsEncodeHDMap(io.ComfyNode):
     def execute(cls, conditioning, vae, hdmap, width=1280, height=704) -> io.NodeOutput:
         _check_family(conditioning)
         check_wan21_vae(vae)
-        return io.NodeOutput(conditioning.with_extras(hdmap=encode_hdmap(vae, hdmap, width, height)))
+        return io.NodeOutput(conditioning.replace(hdmap=encode_hdmap(vae, hdmap, width, height)))
+
+
+class OmniDreamsSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniDreamsSampler",
+            display_name="OmniDreams Sampler",
+            category="OmniVideo/OmniDreams",
+            description=(
+                "Autoregressive world-model rollout: 2-frame chunks, two distilled steps each, a rolling KV cache and "
+                "the clean first-frame context write. The video has 8N-3 frames (5, 13, 21, ..., 61); other counts "
+                "round up. The first frame (if encoded) fixes the size. The LATENT is raw Wan 2.1 latent space: VAE "
+                "Decode and OmniVideo Wan VAE Decode both take it."
+            ),
+            inputs=sampler_inputs(
+                frames=61,
+                max_frames=MAX_FRAMES,
+                frames_tip=f"Pixel frames (8N-3, at most {MAX_FRAMES}: the whole video is held in memory).",
+                max_steps=DEFAULT_STEPS,
+                steps_tip="0 = the distilled 2 steps (the only schedule it has).",
+                size_step=16,
+                width=1280,
+                height=704,
+                size_tip="Used when no first frame is encoded (native 1280x704).",
+            ),
+            outputs=[io.Latent.Output(display_name="LATENT")],
+        )
+
+    @classmethod
+    def execute(cls, model, conditioning, seed=42, frames=61, steps=0, width=1280, height=704) -> io.NodeOutput:
+        return run_sampler(sample, 16, model, conditioning, seed, frames, steps, width, height)
 
 
 NODES = [
@@ -272,4 +308,5 @@ NODES = [
     OmniDreamsLoadTextEmbedding,
     OmniDreamsEncodeFirstFrame,
     OmniDreamsEncodeHDMap,
+    OmniDreamsSampler,
 ]

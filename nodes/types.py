@@ -1,4 +1,5 @@
-"""Custom ComfyUI socket types shared by our nodes (objects defined in models/handles.py)."""
+"""Every custom ComfyUI socket type of the pack (the objects travelling on them are defined in models/handles.py
+and the family packages)."""
 
 from ..compat import io
 
@@ -6,3 +7,6 @@ ModelType = io.Custom("OMNIVIDEO_MODEL")
 ConditioningType = io.Custom("OMNIVIDEO_CONDITIONING")
 TextEncoderType = io.Custom("OMNIVIDEO_TEXT_ENCODER")
 AttentionType = io.Custom("OMNIVIDEO_ATTENTION")
+H3VaeType = io.Custom("OMNIVIDEO_H3_VAE")
+H3AudioVaeType = io.Custom("OMNIVIDEO_H3_AUDIO_VAE")
+KeyframesType = io.Custom("OMNIVIDEO_H3_KEYFRAMES")

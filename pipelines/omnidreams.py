@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import compat
+from ..models.handles import check_family
 from ..models.omnidreams.dit import OmniDreamsDiT
 from ..models.omnidreams.kv_cache import RollingKVCache
 from ..models.wan_vae.convert import WAN21_CONFIG
@@ -280,16 +281,17 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
         raise ValueError(
             f"OmniDreams is distilled for {DEFAULT_STEPS} steps; set steps to 0 (default) or 2, not {steps}"
         )
+    check_family(model, "omnidreams", "model", "load it with OmniDreams Model Loader")
+    check_family(conditioning, "omnidreams", "conditioning", "use OmniDreams Text Encode or Load Text Embedding")
     dit = model.transformer
-    extras = conditioning.extras
-    first = extras.get("first_frame")
+    first = conditioning.first_frame
     if first is not None:
         h, w = first.shape[-2:]
     else:
         check_size(width, height)
         h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
         compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
-    settings = ARSettings(**model.extras.get("ar", {}))
+    settings = ARSettings(len_t=model.chunk_frames, window_frames=model.window_frames, sink_frames=model.sink_frames)
     n = num_chunks_for_frames(frames, settings.len_t)
     if pixel_frames(n, settings.len_t) != frames:
         compat.log.info(
@@ -301,7 +303,7 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
             f"text embedding has shape {tuple(text.shape)}; this model needs [1, 512, "
             f"{dit.config.text_in_dim}] (Cosmos-Reason1 full_concat)"
         )
-    hdmap = extras.get("hdmap")
+    hdmap = conditioning.hdmap
     if hdmap is not None:
         need = settings.len_t * n
         if tuple(hdmap.shape[-2:]) != (h, w) or hdmap.shape[2] < need:

@@ -11,7 +11,7 @@ import omnivideo.pipelines.h3.sampler as h3_sampler
 from omnivideo.attention.dispatch import AttentionConfig
 from omnivideo.models.h3.attention import h3_attention
 from omnivideo.models.h3.loader import geometry_of, latent_norm_of
-from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
+from omnivideo.models.handles import H3Conditioning, H3Model
 from omnivideo.pipelines.h3 import sample
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
 
@@ -23,19 +23,19 @@ KW = dict(seed=3, frames=FRAMES, steps=3, width=W, height=H)
 @pytest.fixture(scope="module")
 def parts():
     transformer, vae, audio_vae = make_models(seed=1)
-    extras = {"geometry": geometry_of(transformer, vae, audio_vae), "latent_norm": latent_norm_of(vae, audio_vae)}
-    return transformer, vae, extras
+    parts = {"geometry": geometry_of(transformer, vae, audio_vae), "latent_norm": latent_norm_of(vae, audio_vae)}
+    return transformer, vae, parts
 
 
 def _model(parts, attention):
-    transformer, _, extras = parts
-    return OmniVideoModel("h3", transformer, torch.float32, CPU, attention=attention, extras=extras)
+    transformer, _, loaded = parts
+    return H3Model(transformer=transformer, dtype=torch.float32, device=CPU, attention=attention, **loaded)
 
 
 @pytest.fixture(scope="module")
 def cond():
     emb, tags = text_inputs()
-    return OmniVideoConditioning("h3", emb, {"text_token_tags": tags})
+    return H3Conditioning(text=emb, text_token_tags=tags)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_processor_gets_layout_fl2va(monkeypatch, parts):
     first, last = keyframe_images()
     emb, tags = text_inputs(n_vision_blocks=2)
     kf = encode_keyframes(vae, first, last, W, H, CPU)
-    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags, "h3_keyframes": kf})
+    cond = H3Conditioning(text=emb, text_token_tags=tags, keyframes=kf)
     calls = _recorded_run(monkeypatch, _model(parts, None), cond)
     blocks = [c for c in calls if c[0] == "block"]
     n_text, cond_rows, audio_rows = emb.shape[1], 2 * 8 * 8, 2 * round(FRAMES / 24 * 40)

@@ -35,8 +35,8 @@ def test_folder_loads_with_fp32_islands(tiny):
     assert model.transformer.rope.inv_freq.dtype == torch.float32
     assert torch.equal(model.transformer.rope.inv_freq, transformer.rope.inv_freq)
     assert all(p.dtype == torch.float32 for p in audio_vae.parameters())
-    assert model.family == "h3" and model.extras["scheduler_config"]["shift"] == 12.0
-    assert model.extras["audio_scheduler_config"]["shift"] == 3.0
+    assert model.family == "h3" and model.scheduler_config["shift"] == 12.0
+    assert model.audio_scheduler_config["shift"] == 3.0
 
 
 def test_single_file_original_keys_converts_to_same_weights(tiny):

@@ -36,6 +36,7 @@ def test_schemas():
         "OmniVideoH3Keyframes",
         "OmniVideoH3TextEncode",
         "OmniVideoH3Decode",
+        "OmniVideoH3Sampler",
     }
     decode = nodes.OmniVideoH3Decode.define_schema()
     assert [o.io_type for o in decode.outputs] == ["IMAGE", "AUDIO"]
@@ -50,17 +51,19 @@ def test_fl2va_through_the_nodes(loaded, comfy_folders):
     image = torch.rand(1, 80, 120, 3)
     kf = nodes.OmniVideoH3Keyframes.execute(vae, WIDTH, HEIGHT, first_image=image)[0]
     cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, keyframes=kf, save_as="fox")[0]
-    assert cond.family == "h3" and int((cond.extras["text_token_tags"] == 0).sum()) > 0
-    assert cond.extras["h3_keyframes"]["anchors"] == ("first",)
+    assert cond.family == "h3" and int((cond.text_token_tags == 0).sum()) > 0
+    assert cond.keyframes["anchors"] == ("first",)
     # the saved embedding reproduces the conditioning without the encoder
     again = nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file="fox.safetensors")[0]
     assert torch.equal(again.text, cond.text)
     plain = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te, save_as="plain")[0]
-    assert plain.extras.get("h3_keyframes") is None
+    assert plain.keyframes is None
     with pytest.raises(ValueError, match="made without keyframes"):
         nodes.OmniVideoH3TextEncode.execute("", keyframes=kf, embedding_file="plain.safetensors")
 
-    latent = OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)[0]
+    latent = nodes.OmniVideoH3Sampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)[
+        0
+    ]
     images, audio = nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent).args
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3) and 0 <= images.min() and images.max() <= 1
     assert audio["sample_rate"] == 32000 and audio["waveform"].shape[:2] == (1, 2)
@@ -194,7 +197,7 @@ def test_sampler_offloads_the_transformer_and_checks_text_width(loaded, monkeypa
 
     moves.clear()
     text_dim = model.transformer.config.text_dim
-    wide = cond.__class__(cond.family, torch.zeros(1, cond.text.shape[1], text_dim + 8), cond.extras)
+    wide = cond.replace(text=torch.zeros(1, cond.text.shape[1], text_dim + 8))
     with pytest.raises(ValueError, match=f"{text_dim + 8} wide but this transformer expects text_dim={text_dim}"):
         OmniVideoSampler.execute(model, wide, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)
     assert moves == []  # refused before the transformer is moved or run

@@ -7,7 +7,7 @@ import torch
 from h3_tiny import FRAMES, HEIGHT, WIDTH, keyframe_images, make_models, reference_pipeline, text_inputs, write_folder
 
 from omnivideo.models.h3.loader import load_h3
-from omnivideo.models.handles import OmniVideoConditioning
+from omnivideo.models.handles import H3Conditioning
 from omnivideo.pipelines.h3 import AUDIO_KEY, sample
 from omnivideo.pipelines.h3.decode import decode_audio, decode_video
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
@@ -25,7 +25,7 @@ def h3(tmp_path_factory):
 
 
 def _normalise(model, latent):
-    n = model.extras["latent_norm"]
+    n = model.latent_norm
     vm, vs = (torch.tensor(n[k]).view(1, -1, 1, 1, 1) for k in ("video_mean", "video_std"))
     am, ast = (torch.tensor(n[k]).view(1, -1, 1) for k in ("audio_mean", "audio_std"))
     return (latent["samples"] - vm) / vs, (latent[AUDIO_KEY] - am) / ast
@@ -55,7 +55,7 @@ def test_t2va_matches_modular_pipeline(h3):
     model, vae, audio_vae, pipe = h3
     emb, tags = text_inputs()
     ref = _reference(pipe, emb, tags)
-    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags})
+    cond = H3Conditioning(text=emb, text_token_tags=tags)
     ticks = []
 
     class Bar:  # the node contract: progress(total) -> object with update(n)
@@ -88,7 +88,7 @@ def test_fl2va_first_and_last_keyframes_match(h3):
     ref = _reference(pipe, emb, tags, image=first, last_image=last)
     keyframes = encode_keyframes(vae, first, last, WIDTH, HEIGHT, CPU)
     assert keyframes["anchors"] == ("first", "last")
-    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags, "h3_keyframes": keyframes})
+    cond = H3Conditioning(text=emb, text_token_tags=tags, keyframes=keyframes)
     out = sample(model, cond, seed=SEED, frames=FRAMES, steps=STEPS, width=WIDTH, height=HEIGHT, progress=None)
     video, audio = _normalise(model, out)
     assert _max_diff(video, ref["latents"]) <= TOL
@@ -96,7 +96,7 @@ def test_fl2va_first_and_last_keyframes_match(h3):
     # the keyframes change the result (they are really in the sequence)
     plain = sample(
         model,
-        OmniVideoConditioning("h3", emb, {"text_token_tags": tags}),
+        H3Conditioning(text=emb, text_token_tags=tags),
         seed=SEED,
         frames=FRAMES,
         steps=STEPS,
@@ -111,6 +111,6 @@ def test_keyframe_canvas_mismatch_is_explained(h3):
     first, _ = keyframe_images()
     emb, tags = text_inputs(n_vision_blocks=1)
     keyframes = encode_keyframes(vae, first, None, WIDTH, HEIGHT, CPU)
-    cond = OmniVideoConditioning("h3", emb, {"text_token_tags": tags, "h3_keyframes": keyframes})
+    cond = H3Conditioning(text=emb, text_token_tags=tags, keyframes=keyframes)
     with pytest.raises(ValueError, match="encoded for 96x64"):
         sample(model, cond, seed=0, frames=FRAMES, steps=2, width=128, height=64)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from omnidreams_tiny import TINY, stored_state_dict
 
-from omnivideo.models.handles import OmniVideoConditioning
+from omnivideo.models.handles import OmniDreamsConditioning
 from omnivideo.models.omnidreams.text import save_embedding
 from omnivideo.nodes import omnidreams as nodes
-from omnivideo.nodes.sampler import OmniVideoSampler, sampler_for
+from omnivideo.nodes.sampler import FAMILY_SAMPLERS, OmniVideoSampler
 from omnivideo.pipelines import omnidreams as pipe
 
 
@@ -34,7 +34,7 @@ class StandInWanVAE:
 
 
 def _conditioning(dim=TINY.text_in_dim):
-    return OmniVideoConditioning("omnidreams", torch.randn(1, 512, dim, generator=torch.Generator().manual_seed(0)))
+    return OmniDreamsConditioning(text=torch.randn(1, 512, dim, generator=torch.Generator().manual_seed(0)))
 
 
 def test_encode_first_frame_resizes_encodes_and_normalises():
@@ -43,7 +43,7 @@ def test_encode_first_frame_resizes_encodes_and_normalises():
     cond = nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), vae, image, width=64, height=32)[0]
     pixels = vae.calls[0]
     assert pixels.shape == (1, 32, 64, 3) and pixels.min() >= 0 and pixels.max() <= 1  # [0,1]: the VAE scales
-    latent = cond.extras["first_frame"]
+    latent = cond.first_frame
     assert latent.shape == (1, 16, 1, 4, 8)
     mean = torch.tensor(pipe.LATENT_MEAN).view(1, 16, 1, 1, 1)
     std = torch.tensor(pipe.LATENT_STD).view(1, 16, 1, 1, 1)
@@ -55,7 +55,7 @@ def test_encode_hdmap_one_causal_pass_and_frame_trim():
     frames = torch.rand(15, 32, 32, 3)  # 13 usable (1 + 3*4), the last 2 dropped
     cond = nodes.OmniDreamsEncodeHDMap.execute(_conditioning(), vae, frames, width=32, height=32)[0]
     assert len(vae.calls) == 1 and vae.calls[0].shape[0] == 13
-    assert cond.extras["hdmap"].shape == (1, 16, 4, 4, 4)
+    assert cond.hdmap.shape == (1, 16, 4, 4, 4)
 
 
 def test_wrong_vae_is_explained():
@@ -77,7 +77,7 @@ def test_steps_comfyui_does_not_check_are_checked_before_work():
     with pytest.raises(ValueError, match="multiple of the chunk"):
         nodes.OmniDreamsModelLoader.execute("missing.pt", window_frames=5, sink_frames=0)
     with pytest.raises(ValueError, match="multiples of 16"):
-        OmniVideoSampler.execute(None, None, frames=13, width=100, height=64)
+        nodes.OmniDreamsSampler.execute(None, None, frames=13, width=100, height=64)
 
 
 def test_load_text_embedding_node(comfy_folders):
@@ -93,28 +93,31 @@ def test_loader_encode_sample_pipeline(comfy_folders):
     torch.save(stored_state_dict(TINY, seed=2), comfy_folders.models("diffusion_models") / "omnidreams_tiny.pt")
     assert nodes.OmniDreamsModelLoader.validate_inputs(ckpt_name="omnidreams_tiny.pt") is True
     model = nodes.OmniDreamsModelLoader.execute("omnidreams_tiny.pt", dtype="fp32", window_frames=4, sink_frames=0)[0]
-    assert model.family == "omnidreams" and model.extras["ar"] == {"window_frames": 4, "sink_frames": 0}
+    assert model.family == "omnidreams" and (model.window_frames, model.sink_frames) == (4, 0)
     vae = StandInWanVAE()
     cond = nodes.OmniDreamsEncodeFirstFrame.execute(_conditioning(), vae, torch.rand(1, 32, 48, 3), 48, 32)[0]
     cond = nodes.OmniDreamsEncodeHDMap.execute(cond, vae, torch.rand(13, 32, 48, 3), 48, 32)[0]
-    latent = OmniVideoSampler.execute(model, cond, seed=1, frames=13, steps=0, width=1280, height=704)[0]
+    latent = nodes.OmniDreamsSampler.execute(model, cond, seed=1, frames=13, steps=0, width=1280, height=704)[0]
+    # the shared node kept for saved workflows runs the family's sampler: the same latent
+    again = OmniVideoSampler.execute(model, cond, seed=1, frames=13, steps=0, width=1280, height=704)[0]
+    assert torch.equal(again["samples"], latent["samples"])
     z = latent["samples"]
     assert z.shape == (1, 16, 4, 4, 6) and torch.isfinite(z).all()
     mean = torch.tensor(pipe.LATENT_MEAN).view(1, 16, 1, 1, 1)
     std = torch.tensor(pipe.LATENT_STD).view(1, 16, 1, 1, 1)
-    torch.testing.assert_close(z[:, :, :1], cond.extras["first_frame"] * std + mean)  # raw Wan space
+    torch.testing.assert_close(z[:, :, :1], cond.first_frame * std + mean)  # raw Wan space
 
 
 def test_sampler_dispatch_and_family_mismatch():
-    assert sampler_for("omnidreams") is pipe.sample
-    with pytest.raises(ValueError, match="no sampler"):
-        sampler_for("sd15")
+    assert FAMILY_SAMPLERS["omnidreams"] is nodes.OmniDreamsSampler
 
     class Model:
         family = "h3"
 
     with pytest.raises(ValueError, match="conditioning was made for omnidreams"):
         OmniVideoSampler.execute(Model(), _conditioning(), seed=0, frames=5)
+    with pytest.raises(ValueError, match="needs a omnidreams model but got a h3 model"):
+        nodes.OmniDreamsSampler.execute(Model(), _conditioning(), seed=0, frames=5, width=64, height=64)
 
 
 def test_node_schemas():
@@ -126,6 +129,7 @@ def test_node_schemas():
         "OmniDreamsLoadTextEmbedding",
         "OmniDreamsEncodeFirstFrame",
         "OmniDreamsEncodeHDMap",
+        "OmniDreamsSampler",
         "OmniVideoSampler",
     ]
     assert "zeros" in nodes.OmniDreamsEncodeHDMap.define_schema().description

@@ -8,7 +8,7 @@ import pytest
 import torch
 from omnidreams_tiny import TINY, stored_state_dict
 
-from omnivideo.models.handles import OmniVideoConditioning, OmniVideoModel
+from omnivideo.models.handles import OmniDreamsConditioning, OmniDreamsModel
 from omnivideo.models.omnidreams import dit as omnidreams_dit
 from omnivideo.models.omnidreams.kv_cache import RollingKVCache
 from omnivideo.models.omnidreams.loader import build_model
@@ -268,11 +268,11 @@ def test_hdmap_changes_the_video(model, text, first_frame):
 
 
 def _handle(model, ar=None):
-    return OmniVideoModel("omnidreams", model, torch.float32, torch.device("cpu"), extras={"ar": ar or {}})
+    return OmniDreamsModel(transformer=model, dtype=torch.float32, device=torch.device("cpu"), **(ar or {}))
 
 
 def test_sample_returns_raw_wan_latent(model, text, first_frame):
-    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    cond = OmniDreamsConditioning(text=text, first_frame=first_frame)
     bars = []
 
     class Bar:
@@ -294,13 +294,13 @@ def test_sample_returns_raw_wan_latent(model, text, first_frame):
 
 
 def test_sample_rejects_bad_inputs(model, text, first_frame):
-    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    cond = OmniDreamsConditioning(text=text, first_frame=first_frame)
     with pytest.raises(ValueError, match="2 steps"):
         pipe.sample(_handle(model), cond, seed=0, frames=5, steps=4, width=64, height=64)
-    bad_text = OmniVideoConditioning("omnidreams", torch.zeros(1, 512, 7), {"first_frame": first_frame})
+    bad_text = OmniDreamsConditioning(text=torch.zeros(1, 512, 7), first_frame=first_frame)
     with pytest.raises(ValueError, match="text embedding"):
         pipe.sample(_handle(model), bad_text, seed=0, frames=5, steps=0, width=64, height=64)
-    short_map = cond.with_extras(hdmap=torch.zeros(1, 16, 2, H, W))
+    short_map = cond.replace(hdmap=torch.zeros(1, 16, 2, H, W))
     with pytest.raises(ValueError, match="HD-map"):
         pipe.sample(_handle(model), short_map, seed=0, frames=13, steps=0, width=64, height=64)
     with pytest.raises(ValueError, match="multiple of the chunk"):
@@ -317,8 +317,10 @@ def test_frames_to_chunks():
 
 
 def test_sample_uses_the_chunk_length_of_the_settings(model, text, first_frame):
-    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
-    z = pipe.sample(_handle(model, {"len_t": 1}), cond, seed=0, frames=9, steps=0, width=64, height=64)["samples"]
+    cond = OmniDreamsConditioning(text=text, first_frame=first_frame)
+    z = pipe.sample(_handle(model, {"chunk_frames": 1}), cond, seed=0, frames=9, steps=0, width=64, height=64)[
+        "samples"
+    ]
     assert z.shape == (1, 16, 3, H, W)  # 9 frames = 1 + (3 - 1) * 4: three 1-frame chunks, not 2 x 2
 
 
@@ -327,7 +329,7 @@ def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeyp
 
     freed = []
     monkeypatch.setattr(pipe.compat, "free_memory", lambda: freed.append(1))
-    cond = OmniVideoConditioning("omnidreams", text, {"first_frame": first_frame})
+    cond = OmniDreamsConditioning(text=text, first_frame=first_frame)
     pipe.sample(_handle(model), cond, seed=0, frames=5, steps=0, width=64, height=64)
     assert freed == [1]
 

@@ -287,9 +287,9 @@ def test_encode_first_frame_checks_the_vae_before_encoding():
         def encode(self, pixels):
             raise AssertionError("encoded with the wrong VAE")
 
-    from omnivideo.models.handles import OmniVideoConditioning
+    from omnivideo.models.handles import OmniDreamsConditioning
 
-    cond = OmniVideoConditioning("omnidreams", torch.zeros(1, 512, 8))
+    cond = OmniDreamsConditioning(text=torch.zeros(1, 512, 8))
     with pytest.raises(ValueError, match="needs the Wan 2.1 VAE.*4 latent channels"):
         od_nodes.OmniDreamsEncodeFirstFrame.execute(cond, SD15VAE(), torch.rand(1, 32, 32, 3), 32, 32)
 

@@ -28,7 +28,7 @@ MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
 
 @dataclass(frozen=True)
 class H3Geometry:
-    """What the sampler needs from the two VAEs and the transformer config (kept in OmniVideoModel.extras)."""
+    """What the sampler needs from the two VAEs and the transformer config (kept in H3Model.geometry)."""
 
     spatial_ratio: int = 16
     frames_per_chunk: int = 17  # video VAE clip_length

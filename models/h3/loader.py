@@ -26,6 +26,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Rotary
 
 from ...backends import resolve_dtype
 from ..checkpoint_io import CheckpointError, check_safetensors, read_json, read_safetensors
+from ..handles import H3Model
 from .geometry import H3Geometry
 
 log = logging.getLogger("omnivideo")
@@ -259,8 +260,7 @@ def load_h3(
     device: torch.device | None = None,
     attention=None,
 ):
-    """-> (OmniVideoModel family "h3", video VAE, audio VAE). Everything stays on CPU until a node runs it."""
-    from ..handles import OmniVideoModel
+    """-> (H3Model, video VAE, audio VAE). Everything stays on CPU until a node runs it."""
 
     dtype = resolve_dtype(dtype, device)
     root = check_folder(folder, need_transformer_weights=transformer_file is None)
@@ -286,18 +286,15 @@ def load_h3(
         from ...backends import PLATFORM
 
         device = PLATFORM.device
-    model = OmniVideoModel(
-        family="h3",
+    model = H3Model(
         transformer=transformer,
         dtype=dtype,
         device=device,
         attention=attention,
-        extras={
-            "geometry": geometry_of(transformer, vae, audio_vae),
-            "latent_norm": latent_norm_of(vae, audio_vae),
-            "scheduler_config": video_cfg,
-            "audio_scheduler_config": audio_cfg,
-            "source": str(root),
-        },
+        geometry=geometry_of(transformer, vae, audio_vae),
+        latent_norm=latent_norm_of(vae, audio_vae),
+        scheduler_config=video_cfg,
+        audio_scheduler_config=audio_cfg,
+        source=str(root),
     )
     return model, vae, audio_vae

@@ -18,7 +18,7 @@ from ... import compat
 from ...attention.dispatch import normalize_config
 from ...models.h3.attention import h3_attention, uses_packing
 from ...models.h3.geometry import AUDIO_CHANNELS, FPS, H3Geometry, resolve_shape
-from ...models.handles import OmniVideoConditioning, OmniVideoModel
+from ...models.handles import H3Conditioning, H3Model, check_family
 from .layout import KEYFRAME_T, PAD_MULTIPLE, build_layout, patchify_video_latents, unpack_audio, unpatchify_video
 
 log = logging.getLogger("omnivideo")
@@ -34,9 +34,9 @@ def _progress_bar(progress, total: int):
     return (progress or compat.ProgressBar)(total)
 
 
-def _schedulers(model: OmniVideoModel) -> tuple[MiniMaxH3Scheduler, MiniMaxH3Scheduler]:
-    video = MiniMaxH3Scheduler.from_config(model.extras.get("scheduler_config") or {"shift": 12.0})
-    audio = MiniMaxH3Scheduler.from_config(model.extras.get("audio_scheduler_config") or {"shift": 3.0})
+def _schedulers(model: H3Model) -> tuple[MiniMaxH3Scheduler, MiniMaxH3Scheduler]:
+    video = MiniMaxH3Scheduler.from_config(model.scheduler_config)
+    audio = MiniMaxH3Scheduler.from_config(model.audio_scheduler_config)
     return video, audio
 
 
@@ -58,8 +58,8 @@ def latent_dict(video: torch.Tensor, audio: torch.Tensor, num_frames: int, sampl
 
 
 def sample(
-    model: OmniVideoModel,
-    conditioning: OmniVideoConditioning,
+    model: H3Model,
+    conditioning: H3Conditioning,
     *,
     seed: int,
     frames: int,
@@ -68,12 +68,12 @@ def sample(
     height: int,
     progress=None,
 ) -> dict:
-    if model.family != "h3" or conditioning.family != "h3":
-        raise ValueError(f"H3 sampler got a {model.family} model and {conditioning.family} conditioning.")
+    check_family(model, "h3", "model", "load it with OmniVideo H3 Loader")
+    check_family(conditioning, "h3", "conditioning", "use OmniVideo H3 Text Encode")
     steps = int(steps) or DEFAULT_STEPS
     if steps < 2:
         raise ValueError(f"steps={steps}: H3 needs at least 2 (the schedule includes its terminal 0; 2 = 1 forward).")
-    geo: H3Geometry = model.extras["geometry"]
+    geo: H3Geometry = model.geometry
     text_dim = getattr(model.transformer.config, "text_dim", None)
     if text_dim is not None and conditioning.text.shape[-1] != int(text_dim):
         raise ValueError(
@@ -81,10 +81,8 @@ def sample(
             f"{text_dim}; encode the prompt with the text encoder that belongs to this model (or re-save the "
             "embedding file with it)."
         )
-    keyframes = conditioning.extras.get("h3_keyframes")
-    tags = conditioning.extras.get("text_token_tags")
-    if tags is None:
-        tags = torch.ones(conditioning.text.shape[1], dtype=torch.long)
+    keyframes = conditioning.keyframes
+    tags = conditioning.text_token_tags
     if tags.numel() != conditioning.text.shape[1]:
         raise ValueError(f"text_token_tags has {tags.numel()} rows but the embedding {conditioning.text.shape[1]}.")
     anchors: tuple[str, ...] = ()
@@ -169,9 +167,9 @@ def sample(
         compat.free_memory()
 
 
-def denormalize(model: OmniVideoModel, video: torch.Tensor, audio: torch.Tensor):
+def denormalize(model: H3Model, video: torch.Tensor, audio: torch.Tensor):
     """Normalised model space -> the VAEs' raw latent space (per-channel mean/std from the VAE configs)."""
-    norm = model.extras["latent_norm"]
+    norm = model.latent_norm
     vm = torch.tensor(norm["video_mean"], device=video.device).view(1, -1, 1, 1, 1)
     vs = torch.tensor(norm["video_std"], device=video.device).view(1, -1, 1, 1, 1)
     am = torch.tensor(norm["audio_mean"], device=audio.device).view(1, -1, 1)
