@@ -285,8 +285,8 @@ class OmniVideoH3Sampler(io.ComfyNode):
             category="OmniVideo/H3",
             description=(
                 "MiniMax-H3 flow-matching sampler over the packed video + audio + text sequence (Euler, shifts "
-                "12 / 3). Frames snap up to 17n+5 at 24 fps (5-15 s); width/height multiples of 32 (the keyframes' size when "
-                "connected). The LATENT holds video and audio latents for OmniVideo H3 Decode."
+                "12 / 3). Frames snap up to 17n+5 at 24 fps (5-15 s); width/height multiples of 32 (the keyframes' "
+                "size when connected). The LATENT holds video and audio latents for OmniVideo H3 Decode."
             ),
             inputs=sampler_inputs(
                 frames=209,
