@@ -28,7 +28,7 @@ H3_NODES = (
     "OmniVideoH3TextEncode",
     "OmniVideoH3Keyframes",
     "OmniVideoH3Decode",
-    "OmniVideoSampler",
+    "OmniVideoH3Sampler",
 )
 H3_FOLDER, TE_FOLDER, IMAGE = "MiniMax-H3-tiny", "qwen3vl-tiny", "h3_first_frame.png"
 
@@ -53,7 +53,7 @@ def h3_files(comfy_server):
 SMALL = {
     "OmniVideoH3Loader": {"folder": H3_FOLDER, "dtype": "fp32"},
     "OmniVideoH3TextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32", "layer": LAYER},
-    "OmniVideoSampler": {"frames": FRAMES, "steps": 3, "width": WIDTH, "height": HEIGHT},
+    "OmniVideoH3Sampler": {"frames": FRAMES, "steps": 3, "width": WIDTH, "height": HEIGHT},
     "OmniVideoH3Keyframes": {"width": WIDTH, "height": HEIGHT},
     "LoadImage": {"image": IMAGE},
 }

@@ -34,6 +34,7 @@ OD_NODES = (
     "OmniDreamsLoadTextEmbedding",
     "OmniDreamsEncodeFirstFrame",
     "OmniDreamsEncodeHDMap",
+    "OmniDreamsSampler",
     "OmniVideoSampler",
 )
 CKPT, TE_FOLDER = "omnidreams_tiny.pt", "cosmos_reason1_tiny"
@@ -75,6 +76,7 @@ SMALL = {
     "OmniDreamsTextEncode": {"prompt": "a car drives down the street"},
     "OmniDreamsEncodeFirstFrame": {"width": WIDTH, "height": HEIGHT},
     "OmniDreamsEncodeHDMap": {"width": WIDTH, "height": HEIGHT},
+    "OmniDreamsSampler": {"frames": FRAMES},
     "OmniVideoSampler": {"frames": FRAMES},
     "LoadImage": {"image": IMAGE},
     "LoadVideo": {"file": HDMAP},
@@ -96,6 +98,18 @@ def test_omnidreams_workflow_writes_video(
     assert (info["frames"], info["w"], info["h"]) == (FRAMES, WIDTH, HEIGHT), info
     assert abs(info["fps"] - 30.0) < 1e-6, info
     report.append(f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps")
+
+
+def test_a_saved_graph_with_the_shared_sampler_still_runs(
+    comfy_server, omnidreams_files, vae_file, api_graph, probe_video
+):
+    """Workflows saved before each family got its own sampler name OmniVideoSampler: it stays and runs."""
+    graph, prefix = api_graph("omnidreams_i2v", SMALL)
+    for node in graph.values():
+        if node["class_type"] == "OmniDreamsSampler":
+            node["class_type"] = "OmniVideoSampler"
+    video = comfy_server.run_video(graph, prefix, timeout=400)
+    assert probe_video(comfy_server.python, video)["frames"] == FRAMES
 
 
 def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(

@@ -177,7 +177,7 @@ def _limit_errors(comfy_server, sampler: dict, loader: dict | None = None) -> di
         },
         "2": {"class_type": "OmniDreamsLoadTextEmbedding", "inputs": {"embedding": "missing.safetensors"}},
         "3": {
-            "class_type": "OmniVideoSampler",
+            "class_type": "OmniDreamsSampler",
             "inputs": {
                 "model": ["1", 0],
                 "conditioning": ["2", 0],
