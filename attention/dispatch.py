@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 
 from ..backends import PLATFORM, Platform, resolve
 from ..backends.attention import block_size_error
+from ..backends.log_once import log_once
 from .layout import AttnLayout
 from .registrations import sparse_names
-
-log = logging.getLogger("omnivideo")
 
 BACKENDS = ("auto", "sdpa", "flash_varlen", "rainfusion")
 MIN_VIDEO_BLOCKS = 32  # 4096 rows at block 128: below this the plan costs more than it saves
@@ -158,13 +157,8 @@ class AttentionStats:
         )
 
 
-_logged: set[str] = set()
-
-
 def log_dense_once(key: str, message: str) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.info("omnivideo attention: dense (%s) - %s", key, message)
+    log_once(("attention dense", key), logging.INFO, "omnivideo attention: dense (%s) - %s", key, message)
 
 
 def dense_reason(

@@ -21,31 +21,24 @@ import logging
 import torch
 
 from ..backends.attention import NPU_BLOCK_SIZE
+from ..backends.log_once import log_once
 from .layout import AttnLayout, key_padding_mask, packed_used
 from .layout import resolve_scale as _scale
 from .rainfusion import plan_and_permute
 
-log = logging.getLogger("omnivideo")
-
 LASER_PRESCALE = 256.0
-_warned: set[str] = set()
 
 
 def _mindiesd():
     return importlib.import_module("mindiesd")
 
 
-def _warn_once(key: str, msg: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("omnivideo attention: %s", msg)
-
-
 def _masked_fallback(q, k, v, scale, layout: AttnLayout):
     """Packed contract failed: attend with an O(B*S) key-padding mask rebuilt from kv_lengths."""
-    _warn_once(
-        "contract",
-        "packed varlen contract failed (batch > 1 or bad lengths); using a key-padding "
+    log_once(
+        ("npu packed contract",),
+        logging.WARNING,
+        "omnivideo attention: packed varlen contract failed (batch > 1 or bad lengths); using a key-padding "
         "mask rebuilt from valid_kv_length",
     )
     from .torch_impl import _sdpa

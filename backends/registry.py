@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .log_once import log_once
 from .platform import PLATFORM, Platform
-
-log = logging.getLogger("omnivideo")
 
 Probe = Callable[[Platform], "str | None"]  # None when usable, else why not
 
@@ -70,7 +69,6 @@ class _Op:
 
 _PACK = __package__.rpartition(".")[0]  # "omnivideo", or "custom_nodes.<folder>" in ComfyUI
 _OPS: dict[str, _Op] = {}
-_logged: set[tuple[str, str, str]] = set()
 _cache: dict[tuple[str, str, str, bool | None], Resolution] = {}
 
 
@@ -147,10 +145,15 @@ def _resolve(op: str, requested: str, platform: Platform, exact: bool | None) ->
 
 
 def _logged_once(res: Resolution) -> Resolution:
-    key = (res.impl.op, res.requested, res.name)
-    if key not in _logged:
-        _logged.add(key)
-        log.info("omnivideo %s: %s -> %s (%s)", res.impl.op, res.requested, res.name, res.reason)
+    log_once(
+        ("resolve", res.impl.op, res.requested, res.name),
+        logging.INFO,
+        "omnivideo %s: %s -> %s (%s)",
+        res.impl.op,
+        res.requested,
+        res.name,
+        res.reason,
+    )
     return res
 
 

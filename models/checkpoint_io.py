@@ -20,8 +20,49 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save since 1.6
 PICKLE_PROTO = b"\x80"  # legacy torch.save starts with a pickle protocol opcode
 
 
+LIST_LIMIT = 12  # keys named per category in a mismatch message
+
+
 class CheckpointError(ValueError):
     """The file is not a usable checkpoint; the message names it and says what to do."""
+
+
+def check_state_dict(
+    expected: dict[str, tuple[int, ...]],
+    found: dict[str, torch.Tensor],
+    title: str,
+    advice: str,
+    error: type[Exception] = CheckpointError,
+) -> None:
+    """The one strict check of every loader: every expected key present, nothing extra, every shape right.
+    Otherwise one error, `title`, then the missing / unexpected / wrong-shape keys (counted, the first few named)
+    and `advice` (what to do)."""
+    missing = sorted(expected.keys() - found.keys())
+    unexpected = sorted(found.keys() - expected.keys())
+    wrong = sorted(
+        f"{k} {tuple(found[k].shape)} (expected {tuple(expected[k])})"
+        for k in expected.keys() & found.keys()
+        if tuple(found[k].shape) != tuple(expected[k])
+    )
+    if not (missing or unexpected or wrong):
+        return
+
+    def listing(what: str, items: list[str]) -> str:
+        more = f", ... (+{len(items) - LIST_LIMIT} more)" if len(items) > LIST_LIMIT else ""
+        return f"\n  {what} ({len(items)}): {', '.join(items[:LIST_LIMIT])}{more}" if items else ""
+
+    raise error(
+        f"{title} ({len(expected)} keys expected, {len(found)} found):"
+        + listing("missing", missing)
+        + listing("unexpected", unexpected)
+        + listing("wrong shape", wrong)
+        + f"\n{advice}"
+    )
+
+
+def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a model's state dict (built once; works on the meta device)."""
+    return {key: tuple(tensor.shape) for key, tensor in model.state_dict().items()}
 
 
 def shown_name(path: str) -> str:

@@ -11,6 +11,7 @@ from omnivideo.attention import dispatch as A
 from omnivideo.attention.layout import AttnLayout
 from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.backends import PLATFORM, Platform, resolve
+from omnivideo.backends.log_once import forget
 
 CPU = Platform("cpu", torch.device("cpu"), "test")
 GRID, PREFIX = (3, 16, 16), 16  # the shape of test_attention_rainfusion: one flex compile
@@ -88,7 +89,7 @@ def test_sparse_call_matches_reference_and_reports_sparsity(backend):
 
 
 def test_dense_reasons_are_logged_once_and_counted(caplog):
-    A._logged.clear()
+    forget()
     q, k, v = qkv()
     layout = AttnLayout(PREFIX, GRID)
     cfg = A.AttentionConfig(

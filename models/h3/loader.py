@@ -25,7 +25,14 @@ from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3Vid
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
 
 from ...backends import resolve_dtype
-from ..checkpoint_io import CheckpointError, check_safetensors, read_json, read_safetensors
+from ..checkpoint_io import (
+    CheckpointError,
+    check_safetensors,
+    check_state_dict,
+    expected_shapes,
+    read_json,
+    read_safetensors,
+)
 from ..handles import H3Model
 from .geometry import H3Geometry
 
@@ -158,21 +165,13 @@ def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
 def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
     with torch.device("meta"):
         model = cls.from_config(config)
-    expected = {key: tensor.shape for key, tensor in model.state_dict().items()}  # built once: O(keys)
-    missing = sorted(expected.keys() - state_dict.keys())
-    unexpected = sorted(state_dict.keys() - expected.keys())
-    if missing or unexpected:
-        raise H3LoadError(
-            f"{source} does not fit {cls.__name__} with its config: "
-            f"{len(missing)} missing (e.g. {', '.join(missing[:3])}), {len(unexpected)} unexpected "
-            f"(e.g. {', '.join(unexpected[:3])}). Check that config.json belongs to these weights."
-        )
-    for key, value in state_dict.items():
-        if value.shape != expected[key]:
-            raise H3LoadError(
-                f"{source}: {key} has shape {tuple(value.shape)}, the config expects "
-                f"{tuple(expected[key])}. Check config.json."
-            )
+    check_state_dict(
+        expected_shapes(model),
+        state_dict,
+        f"{source} does not fit {cls.__name__} with its config",
+        "Check that config.json belongs to these weights.",
+        H3LoadError,
+    )
     model.load_state_dict(state_dict, strict=True, assign=True)
     _rebuild_computed_buffers(model)
     _cast_with_islands(model, dtype)

@@ -15,11 +15,10 @@ import re
 
 import torch
 
-from ..checkpoint_io import CheckpointError, read_safetensors, read_torch_file
+from ..checkpoint_io import CheckpointError, check_state_dict, expected_shapes, read_safetensors, read_torch_file
 from .dit import OmniDreamsConfig, OmniDreamsDiT
 
 PREFIX = "net."
-_LIST_LIMIT = 12  # keys named per category in an error message
 
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
@@ -110,30 +109,11 @@ def fuse_state_dict(sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig, name: st
 
 def validate_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module, name: str = "checkpoint") -> None:
     """Every key present, nothing extra, every shape right; otherwise one error naming them."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    wrong = sorted(
-        f"{k} {tuple(sd[k].shape)} (expected {expected[k]})"
-        for k in set(expected) & set(sd)
-        if tuple(sd[k].shape) != expected[k]
-    )
-    if not (missing or unexpected or wrong):
-        return
-
-    def listing(title, items):
-        shown = ", ".join(items[:_LIST_LIMIT]) + (
-            f", ... (+{len(items) - _LIST_LIMIT} more)" if len(items) > _LIST_LIMIT else ""
-        )
-        return f"\n  {title} ({len(items)}): {shown}" if items else ""
-
-    raise CheckpointError(
-        f"{name} does not match the OmniDreams DiT inferred from its shapes "
-        f"({len(expected)} keys expected, {len(sd)} found):"
-        + listing("missing", missing)
-        + listing("unexpected", unexpected)
-        + listing("wrong shape", wrong)
-        + "\nUse the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused."
+    check_state_dict(
+        expected_shapes(model),
+        sd,
+        f"{name} does not match the OmniDreams DiT inferred from its shapes",
+        "Use the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused.",
     )
 
 

@@ -22,6 +22,8 @@ import re
 
 import torch
 
+from ..checkpoint_io import check_state_dict, expected_shapes
+
 # --------------------------------------------------------------------------------------
 # Released configs (no hub access: written out here)
 # --------------------------------------------------------------------------------------
@@ -395,34 +397,6 @@ def convert_wan_state_dict(state_dict, source: str = "the Wan VAE weights") -> t
 # --------------------------------------------------------------------------------------
 
 
-def _check_strict(model, converted: dict, version: str, config: dict, source: str) -> None:
-    """load_state_dict(strict=True), but with one error that lists every problem at once."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(converted))
-    unexpected = sorted(set(converted) - set(expected))
-    wrong_shape = [
-        f"{k}: file {tuple(converted[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in sorted(set(expected) & set(converted))
-        if tuple(converted[k].shape) != tuple(expected[k].shape)
-    ]
-    if not (missing or unexpected or wrong_shape):
-        return
-
-    def show(title, items, limit=20):
-        more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
-        return f"\n  {title} ({len(items)}): " + ", ".join(items[:limit]) + more if items else ""
-
-    geometry = {k: config[k] for k in ("base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks")}
-    raise WanVAEConversionError(
-        f"{source} looks like a Wan {version} VAE ({geometry}) but does not load into diffusers' "
-        "AutoencoderKLWan (keys in diffusers names):"
-        + show("missing", missing)
-        + show("unexpected", unexpected)
-        + show("wrong shape", wrong_shape)
-        + f"\nUse an unmodified {EXPECTED_FILES}."
-    )
-
-
 def build_diffusers_wan_vae(state_dict, dtype=None, device=None, source: str = "the Wan VAE weights"):
     """AutoencoderKLWan (eval, no grad) holding copies of these original-layout weights."""
     from diffusers import AutoencoderKLWan
@@ -431,7 +405,15 @@ def build_diffusers_wan_vae(state_dict, dtype=None, device=None, source: str = "
     # Build on the meta device (no random init of ~1e8 parameters) and assign the weights.
     with torch.device("meta"):
         model = AutoencoderKLWan(**config)
-    _check_strict(model, converted, version, config, source)
+    geometry = {k: config[k] for k in ("base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks")}
+    check_state_dict(
+        expected_shapes(model),
+        converted,
+        f"{source} looks like a Wan {version} VAE ({geometry}) but does not load into diffusers' AutoencoderKLWan "
+        "(keys in diffusers names)",
+        f"Use an unmodified {EXPECTED_FILES}.",
+        WanVAEConversionError,
+    )
     if dtype is None:
         dtype = next(v.dtype for v in converted.values() if v.is_floating_point())
     if device is None:
