@@ -56,7 +56,17 @@ def run_config(args) -> dict:
     import torch
 
     from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT
+    from omnivideo.pipelines import omnidreams as pipe
     from omnivideo.pipelines.omnidreams import rollout
+
+    class Measured(pipe.RollingKVCache):  # the rollout's KV cache, its size read after the run
+        nbytes_seen = 0
+
+        def free(self):
+            Measured.nbytes_seen = self.nbytes
+            super().free()
+
+    pipe.RollingKVCache = Measured
 
     device = torch.device(args.device)
     if args.threads:
@@ -95,12 +105,24 @@ def run_config(args) -> dict:
         calls.clear()
         marks = [time.perf_counter()]
 
-        def observe(k, cache):
-            _sync(torch, device)
-            marks.append(time.perf_counter())
-            cache_bytes["kv"] = cache.nbytes
+        class ChunkTimer:  # the rollout's progress bar: update(1) after every chunk
+            def __init__(self, total):
+                pass
 
-        rollout(model, text, num_chunks=args.chunks, latent_hw=(h, w), seed=42, first_frame=first, observer=observe)
+            def update(self, n=1):
+                _sync(torch, device)
+                marks.append(time.perf_counter())
+
+        rollout(
+            model,
+            text,
+            num_chunks=args.chunks,
+            latent_hw=(h, w),
+            seed=42,
+            first_frame=first,
+            progress=ChunkTimer(args.chunks),
+        )
+        cache_bytes["kv"] = Measured.nbytes_seen
         per_chunk = [b - a for a, b in zip(marks, marks[1:])]
         context = [d for t, d in calls if t == 128.0]
         if run:

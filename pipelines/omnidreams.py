@@ -13,7 +13,6 @@ attends to: the video sharpens at frame 0 and blurs afterwards.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +111,12 @@ def _pin(x: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Te
     return x * (1 - inject) + image * inject
 
 
+def _pin_context(xc: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+    """The clean first frame back in before the context-noise call: its K/V are what the cache keeps, so they must
+    come from clean frame 0, not a noisy one (the known port bug; the regression tests take this step out)."""
+    return _pin(xc, image, inject)
+
+
 @torch.no_grad()
 def rollout(
     model: OmniDreamsDiT,
@@ -125,16 +130,11 @@ def rollout(
     settings: ARSettings = ARSettings(),
     attention_config: dict | None = None,
     progress=None,
-    cache_factory: Callable[..., object] | None = None,
-    observer: Callable[[int, object], None] | None = None,
-    reinject_context: bool = True,
 ) -> torch.Tensor:
     """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
 
     first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
     hdmap: normalised HD-map latent [1,16,>=len_t*N,h,w] (None: zeros).
-    cache_factory/observer: test hooks (a reference cache; a look at the cache after each chunk).
-    reinject_context=False reproduces the known port bug (for the regression test only).
     """
     cfg, dev = model.config, model.device
     h, w = latent_hw
@@ -143,8 +143,7 @@ def rollout(
     sched = released_schedule(settings.denoise, settings.context_t)
     p = cfg.patch_spatial
     chunk_tokens = lt // cfg.patch_temporal * (h // p) * (w // p)
-    make_cache = cache_factory or RollingKVCache
-    cache = make_cache(
+    cache = RollingKVCache(
         num_blocks=cfg.num_blocks,
         chunk_tokens=chunk_tokens,
         window_chunks=window,
@@ -198,12 +197,10 @@ def rollout(
             if pin:
                 x0 = _pin(x0, image, inject)  # clean first-frame latent back in
             xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * randn()  # draw 3: context noise
-            if pin and reinject_context:
-                xc = _pin(xc, image, inject)  # before the K/V write: the cache must hold clean frame 0
+            if pin:
+                xc = _pin_context(xc, image, inject)
             dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
             out[:, :, k * lt : (k + 1) * lt] = x0
-            if observer is not None:
-                observer(k, cache)
             if progress is not None:
                 progress.update(1)
     finally:

@@ -7,7 +7,6 @@ import pytest
 import torch
 from h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
-import omnivideo.pipelines.h3.sampler as h3_sampler
 from omnivideo.attention.dispatch import AttentionConfig
 from omnivideo.models.h3.attention import h3_attention
 from omnivideo.models.h3.loader import geometry_of, latent_norm_of
@@ -69,13 +68,17 @@ def test_rainfusion_sparse_differs_but_finite(parts, cond, dense, caplog):
 
 
 def _recorded_run(monkeypatch, model, cond):
+    """(kind, layer, AttnLayout, seq_len) of every attention call the processors make during one sampler run."""
+    from omnivideo.models.h3 import attention as h3_attn
+
     calls = []
-    real = h3_sampler.h3_attention
+    real = h3_attn.attention
 
-    def recording(transformer, config=None, record=None):
-        return real(transformer, config, record=calls)
+    def recording(q, k, v, config=None, **kw):
+        calls.append(("block" if "layer" in kw else "refiner", kw.get("layer"), kw["layout"], q.shape[1]))
+        return real(q, k, v, config, **kw)
 
-    monkeypatch.setattr(h3_sampler, "h3_attention", recording)
+    monkeypatch.setattr(h3_attn, "attention", recording)
     sample(model, cond, **{**KW, "steps": 2})
     return calls
 

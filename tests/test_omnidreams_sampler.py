@@ -39,6 +39,31 @@ def _rollout(model, text, first_frame=None, num_chunks=1, seed=42, **kw):
     return pipe.rollout(model, text, num_chunks=num_chunks, latent_hw=(H, W), seed=seed, first_frame=first_frame, **kw)
 
 
+def observe_cache(monkeypatch, observe):
+    """Call observe(k, cache) after chunk k's context write: the rollout's cache, watched from outside."""
+
+    class Observed(RollingKVCache):
+        chunk = -1
+
+        def begin_chunk(self):
+            if self.chunk >= 0:
+                observe(self.chunk, self)
+            self.chunk += 1
+            return super().begin_chunk()
+
+        def free(self):
+            if self.chunk >= 0:
+                observe(self.chunk, self)
+            super().free()
+
+    monkeypatch.setattr(pipe, "RollingKVCache", Observed)
+
+
+def without_context_reinjection(monkeypatch):
+    """The known port bug: no clean first frame before the context-noise call."""
+    monkeypatch.setattr(pipe, "_pin_context", lambda xc, image, inject: xc)
+
+
 # ------------------------------------------------------------------ the clean context write
 
 
@@ -59,7 +84,7 @@ def _frame0_kv(model, text, x, mask):
     return [(k[:, :FRAME_TOKENS], v[:, :FRAME_TOKENS]) for k, v in (rec.kv[b] for b in range(TINY.num_blocks))]
 
 
-def context_write_check(model, text, first_frame, seed=42, **rollout_kw):
+def context_write_check(model, text, first_frame, monkeypatch, seed=42):
     """Run chunk 0 and compare the cached frame-0 K/V of every block with K/V recomputed
     independently from the clean-injected and from the noisy context latent.
     Returns (max |cached - clean|, min over blocks of max |cached - noisy|)."""
@@ -71,7 +96,8 @@ def context_write_check(model, text, first_frame, seed=42, **rollout_kw):
                 {b: tuple(t[:, :FRAME_TOKENS].clone() for t in cache.slot_kv(b, 0)) for b in range(TINY.num_blocks)}
             )
 
-    x0 = _rollout(model, text, first_frame, seed=seed, observer=observe, **rollout_kw)
+    observe_cache(monkeypatch, observe)
+    x0 = _rollout(model, text, first_frame, seed=seed)
     # replay the generator: draws 1, 2, 3 of chunk 0; the third is the context noise
     gen = torch.Generator("cpu").manual_seed(seed)
     noise = [torch.randn(1, 16, 2, H, W, generator=gen) for _ in range(3)][2]
@@ -89,15 +115,16 @@ def context_write_check(model, text, first_frame, seed=42, **rollout_kw):
     return to_clean, to_noisy
 
 
-def test_cached_frame0_kv_come_from_the_clean_context_latent(model, text, first_frame):
-    to_clean, to_noisy = context_write_check(model, text, first_frame)
+def test_cached_frame0_kv_come_from_the_clean_context_latent(model, text, first_frame, monkeypatch):
+    to_clean, to_noisy = context_write_check(model, text, first_frame, monkeypatch)
     assert to_clean < 1e-5, "the cache holds frame-0 K/V that were not computed from the clean first frame"
     assert to_noisy > 1e-2, "clean and noisy K/V coincide: the check could not tell the bug apart"
 
 
-def test_check_detects_a_sampler_without_the_second_reinjection(model, text, first_frame):
+def test_check_detects_a_sampler_without_the_second_reinjection(model, text, first_frame, monkeypatch):
     """The known port bug: no re-injection before the context-noise call."""
-    to_clean, to_noisy = context_write_check(model, text, first_frame, reinject_context=False)
+    without_context_reinjection(monkeypatch)
+    to_clean, to_noisy = context_write_check(model, text, first_frame, monkeypatch)
     assert to_clean > 1e-2  # the regression test above would fail on this sampler
     assert to_noisy < 1e-5  # ... because the cache holds the noise-corrupted frame 0
 
@@ -143,10 +170,11 @@ class ExplicitWindowCache:
 
 
 @pytest.mark.parametrize("sink_frames", [0, 2])
-def test_rolling_cache_equals_explicit_window_reference(model, text, first_frame, sink_frames):
+def test_rolling_cache_equals_explicit_window_reference(model, text, first_frame, sink_frames, monkeypatch):
     settings = pipe.ARSettings(sink_frames=sink_frames)
     ours = _rollout(model, text, first_frame, num_chunks=5, settings=settings)
-    ref = _rollout(model, text, first_frame, num_chunks=5, settings=settings, cache_factory=ExplicitWindowCache)
+    monkeypatch.setattr(pipe, "RollingKVCache", ExplicitWindowCache)
+    ref = _rollout(model, text, first_frame, num_chunks=5, settings=settings)
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
 
 
@@ -158,7 +186,7 @@ def test_full_window_differs_from_a_longer_one(model, text, first_frame):
     assert (ours[:, :, 6:] - longer[:, :, 6:]).abs().max() > 1e-4
 
 
-def test_window_shifts_exactly_at_chunk_3_and_memory_stays_constant(model, text, first_frame):
+def test_window_shifts_exactly_at_chunk_3_and_memory_stays_constant(model, text, first_frame, monkeypatch):
     log = []
 
     def observe(k, cache):
@@ -172,7 +200,8 @@ def test_window_shifts_exactly_at_chunk_3_and_memory_stays_constant(model, text,
             }
         )
 
-    _rollout(model, text, first_frame, num_chunks=6, observer=observe)
+    observe_cache(monkeypatch, observe)
+    _rollout(model, text, first_frame, num_chunks=6)
     assert [e["slot"] for e in log] == [0, 1, 2, 2, 2, 2]
     assert [e["visible"] // CHUNK_TOKENS for e in log] == [1, 2, 3, 3, 3, 3]
     # no shift before chunk 3: slots hold chunks 0, 1, 2 as written
@@ -191,11 +220,13 @@ def test_window_shifts_exactly_at_chunk_3_and_memory_stays_constant(model, text,
 def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, monkeypatch):
     caches = []
 
-    def factory(**kw):
-        caches.append(RollingKVCache(**kw))
-        return caches[-1]
+    class Kept(RollingKVCache):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            caches.append(self)
 
-    _rollout(model, text, first_frame, num_chunks=2, cache_factory=factory)
+    monkeypatch.setattr(pipe, "RollingKVCache", Kept)
+    _rollout(model, text, first_frame, num_chunks=2)
     assert caches[-1].k == [] and caches[-1].v == []
 
     from omnivideo import compat
@@ -209,7 +240,7 @@ def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, mo
 
     monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt_on_fifth)
     with pytest.raises(compat.ProcessingInterrupted):
-        _rollout(model, text, first_frame, num_chunks=3, cache_factory=factory)
+        _rollout(model, text, first_frame, num_chunks=3)
     assert calls["n"] == 5 and caches[-1].k == []  # interrupted in chunk 1, between calls
 
 
@@ -377,6 +408,9 @@ def _stub_flow(x, t, hd):
 
 
 class _NullCache:
+    def __init__(self, **_):
+        pass
+
     def begin_chunk(self):
         return 0
 
@@ -422,10 +456,11 @@ def _spec_replay(num_chunks, first_frame, hd, seed):
     return torch.cat(emitted, 2), calls
 
 
-def _rollout_vs_spec_replay(first_frame, num_chunks=4, seed=42, **rollout_kw):
+def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42):
     """Mismatches between pipe.rollout (with the stub DiT) and the spec replay; [] = identical."""
     hd = torch.randn(1, 16, 2 * num_chunks + 2, H, W, generator=torch.Generator().manual_seed(10))  # 2 spare
     stub = _StubDiT()
+    monkeypatch.setattr(pipe, "RollingKVCache", _NullCache)
     out = pipe.rollout(
         stub,
         torch.zeros(1, 4, TINY.text_in_dim),
@@ -434,8 +469,6 @@ def _rollout_vs_spec_replay(first_frame, num_chunks=4, seed=42, **rollout_kw):
         seed=seed,
         first_frame=first_frame,
         hdmap=hd,
-        cache_factory=lambda **kw: _NullCache(),
-        **rollout_kw,
     )
     want, ref_calls = _spec_replay(num_chunks, first_frame, hd, seed)
     problems = []
@@ -464,14 +497,15 @@ def _rollout_vs_spec_replay(first_frame, num_chunks=4, seed=42, **rollout_kw):
     return problems
 
 
-def test_rollout_replays_the_spec_pseudo_code_call_by_call(first_frame):
+def test_rollout_replays_the_spec_pseudo_code_call_by_call(first_frame, monkeypatch):
     """Every DiT call (x, timestep, condition mask, time offset, HD-map slice) and the emitted latent
     equal a literal replay of the spec's per-chunk pseudo-code with the same stub network."""
-    assert _rollout_vs_spec_replay(first_frame) == []
+    assert _rollout_vs_spec_replay(first_frame, monkeypatch) == []
 
 
-def test_spec_replay_catches_the_missing_context_reinjection(first_frame):
+def test_spec_replay_catches_the_missing_context_reinjection(first_frame, monkeypatch):
     """The replay is sharp: the known port bug (no pin before the context call) shows up there."""
-    problems = _rollout_vs_spec_replay(first_frame, reinject_context=False)
+    without_context_reinjection(monkeypatch)
+    problems = _rollout_vs_spec_replay(first_frame, monkeypatch)
     assert problems and all(p.startswith("chunk 0 call 3") or p.startswith("emitted") for p in problems)
     assert any("clean first-frame" in p for p in problems)

@@ -44,7 +44,6 @@ class H3AttentionState:
     block_layout: AttnLayout | None = None  # stashed by the pre-hook for block calls
     step: int = 0
     stats: AttentionStats = field(default_factory=AttentionStats)
-    record: list | None = None  # tests: (kind, layer, AttnLayout, seq_len) per call
     refiner_config: AttentionConfig = field(init=False)
 
     def __post_init__(self):
@@ -79,8 +78,6 @@ class OmniVideoH3AttnProcessor(MiniMaxH3AttnProcessor):
         layout = self.state.block_layout if self.kind == "block" else AttnLayout(prefix_len=seq_len)
         if layout is None:
             raise RuntimeError("OmniVideo H3 attention: no layout stashed; run the transformer inside h3_attention().")
-        if self.state.record is not None:
-            self.state.record.append((self.kind, self.layer, layout, seq_len))
         if self.kind == "refiner":
             out = attention(query, key, value, self.state.refiner_config, scale=query.shape[-1] ** -0.5, layout=layout)
         else:
@@ -122,11 +119,9 @@ def _check_and_stash(state: H3AttentionState):
 
 
 @contextlib.contextmanager
-def h3_attention(
-    transformer: torch.nn.Module, config: AttentionConfig | dict | None = None, record: list | None = None
-):
+def h3_attention(transformer: torch.nn.Module, config: AttentionConfig | dict | None = None):
     """Install our processors for the duration of a run; diffusers' originals come back afterwards."""
-    state = H3AttentionState(normalize_config(config), record=record)
+    state = H3AttentionState(normalize_config(config))
     original = dict(transformer.attn_processors)
     ours = {}
     for key in original:
