@@ -67,7 +67,7 @@ def tiny_qwen3vl(text_dim: int = 40, seed: int = 0):
     return model, tokenizer, image_processor
 
 
-def test_processor(tokenizer, image_processor):
+def tiny_processor(tokenizer, image_processor):
     """Qwen3VLProcessor without its video processor (H3 keyframes are images; the video one needs torchvision)."""
     from transformers import Qwen3VLProcessor
 
@@ -76,9 +76,6 @@ def test_processor(tokenizer, image_processor):
             return None
 
     return Processor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
-
-
-test_processor.__test__ = False  # a helper, not a pytest test
 
 
 def write_text_encoder_folder(folder: Path, model, tokenizer, image_processor) -> Path:

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
-from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
+from h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 from safetensors.torch import save_file
 
 from omnivideo.models.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
@@ -119,7 +119,7 @@ def test_limits_agree_with_diffusers():
 @pytest.fixture(scope="module")
 def tiny_qwen():
     model, tokenizer, image_processor = tiny_qwen3vl()
-    return H3TextEncoder(model, tokenizer, test_processor(tokenizer, image_processor), layer=LAYER)
+    return H3TextEncoder(model, tokenizer, tiny_processor(tokenizer, image_processor), layer=LAYER)
 
 
 def _diffusers_text(te, monkeypatch, prompt, keyframes):

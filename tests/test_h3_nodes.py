@@ -6,7 +6,7 @@ import pytest
 import torch
 from comfy_folders import patch_comfy_folders
 from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
-from h3_tiny_qwen import LAYER, test_processor, tiny_qwen3vl
+from h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 
 from omnivideo import compat
 from omnivideo.models.h3.geometry import FPS
@@ -24,7 +24,7 @@ def loaded(tmp_path_factory):
         assert nodes.OmniVideoH3Loader.validate_inputs(folder="MiniMax-H3-tiny") is True
         out = nodes.OmniVideoH3Loader.execute("MiniMax-H3-tiny", dtype="fp32")
     model, tokenizer, image_processor = tiny_qwen3vl()
-    te = H3TextEncoder(model, tokenizer, test_processor(tokenizer, image_processor), layer=LAYER)
+    te = H3TextEncoder(model, tokenizer, tiny_processor(tokenizer, image_processor), layer=LAYER)
     return out[0], out[1], out[2], te
 
 
