@@ -95,6 +95,13 @@ except Exception:  # pragma: no cover - exercised when ComfyUI is missing
     io, ComfyExtension = _FallbackIO, _FallbackIO.ComfyExtension
 
 
+def search_aliases(*words: str) -> dict:
+    """`search_aliases=[...]` for io.Schema where this ComfyUI's schema has the field (newer than 0.3.64, whose
+    frontend searches node ids and display names only); nothing on older ones."""
+    fields = getattr(io.Schema, "__dataclass_fields__", None)
+    return {"search_aliases": list(words)} if fields is None or "search_aliases" in fields else {}
+
+
 class ProcessingInterrupted(RuntimeError):
     """Raised by `check_interrupt` outside ComfyUI when `request_interrupt` was called."""
 

@@ -20,6 +20,7 @@ class OmniVideoAttention(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniVideoAttention",
+            **compat.search_aliases("rainfusion", "sparse attention", "block sparse", "flash attention varlen"),
             display_name="OmniVideo Attention",
             category="OmniVideo/attention",
             description="Attention backend for OmniVideo loaders/samplers and for Patch Model Attention. "
@@ -92,6 +93,7 @@ class OmniVideoPatchModelAttention(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniVideoPatchModelAttention",
+            **compat.search_aliases("rainfusion", "sparse attention"),
             display_name="OmniVideo Patch Model Attention",
             category="OmniVideo/attention",
             description="Route a native video MODEL's self-attention (Wan, Cosmos) through the OmniVideo attention "

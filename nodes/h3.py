@@ -59,6 +59,7 @@ class OmniVideoH3Loader(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniVideoH3Loader",
+            **compat.search_aliases("minimax", "video with audio"),
             display_name="OmniVideo H3 Loader",
             category="OmniVideo/H3",
             description=(
@@ -281,6 +282,7 @@ class OmniVideoH3Sampler(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniVideoH3Sampler",
+            **compat.search_aliases("minimax", "video with audio", "text to video audio"),
             display_name="OmniVideo H3 Sampler",
             category="OmniVideo/H3",
             description=(

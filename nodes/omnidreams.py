@@ -55,7 +55,8 @@ class OmniDreamsModelLoader(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsModelLoader",
-            display_name="OmniDreams Model Loader",
+            **compat.search_aliases("world model", "cosmos predict"),
+            display_name="OmniVideo OmniDreams Model Loader",
             category="OmniVideo/OmniDreams",
             description=(
                 "Loads the OmniDreams (Cosmos-Predict2.5 2B, AR-distilled) DiT from models/diffusion_models "
@@ -104,7 +105,7 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsTextEncoderLoader",
-            display_name="OmniDreams Text Encoder Loader",
+            display_name="OmniVideo OmniDreams Text Encoder Loader",
             category="OmniVideo/OmniDreams",
             description=(
                 "Loads Cosmos-Reason1 (Qwen2.5-VL, 7B) from a folder under models/text_encoders "
@@ -136,7 +137,7 @@ class OmniDreamsTextEncode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsTextEncode",
-            display_name="OmniDreams Text Encode",
+            display_name="OmniVideo OmniDreams Text Encode",
             category="OmniVideo/OmniDreams",
             description=(
                 "Cosmos-Reason1 'full_concat' prompt embedding [1, 512, 100352]. save_as: if set, also "
@@ -182,7 +183,7 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsLoadTextEmbedding",
-            display_name="OmniDreams Load Text Embedding",
+            display_name="OmniVideo OmniDreams Load Text Embedding",
             category="OmniVideo/OmniDreams",
             description=(
                 "A precomputed prompt embedding (.safetensors from OmniDreams Text Encode's save_as) "
@@ -217,7 +218,7 @@ class OmniDreamsEncodeFirstFrame(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsEncodeFirstFrame",
-            display_name="OmniDreams Encode First Frame",
+            display_name="OmniVideo OmniDreams Encode First Frame",
             category="OmniVideo/OmniDreams",
             description=(
                 "Resizes the first image (no crop) to width x height, encodes it with the Wan 2.1 VAE "
@@ -245,7 +246,7 @@ class OmniDreamsEncodeHDMap(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsEncodeHDMap",
-            display_name="OmniDreams Encode HD-Map",
+            display_name="OmniVideo OmniDreams Encode HD-Map",
             category="OmniVideo/OmniDreams",
             description=(
                 "Optional. Encodes an HD-map video (IMAGE frames, resized to width x height) with the Wan "
@@ -274,7 +275,8 @@ class OmniDreamsSampler(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniDreamsSampler",
-            display_name="OmniDreams Sampler",
+            **compat.search_aliases("world model", "autoregressive video", "cosmos"),
+            display_name="OmniVideo OmniDreams Sampler",
             category="OmniVideo/OmniDreams",
             description=(
                 "Autoregressive world-model rollout: 2-frame chunks, two distilled steps each, a rolling KV cache and "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import compat
 from ..compat import io
 from ..pipelines.wan_decode import FUSION_CHOICES, decode_to_images
 
@@ -11,6 +12,7 @@ class OmniVideoWanVAEDecode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id="OmniVideoWanVAEDecode",
+            **compat.search_aliases("vae decode", "wan vae", "fused decode"),
             display_name="OmniVideo Wan VAE Decode",
             category="OmniVideo/latent",
             description=(

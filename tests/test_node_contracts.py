@@ -63,3 +63,17 @@ def test_registration_is_v3_only():
     assert not hasattr(omnivideo, "NODE_CLASS_MAPPINGS") and not hasattr(omnivideo, "NODE_DISPLAY_NAME_MAPPINGS")
     listed = asyncio.run(asyncio.run(omnivideo.comfy_entrypoint()).get_node_list())
     assert {n.define_schema().node_id for n in listed} == set(node_classes()) and len(listed) == len(node_classes())
+
+
+def test_search_aliases_where_comfyui_has_them():
+    """Newer ComfyUI searches `search_aliases` too; 0.3.64's schema has no such field and gets none."""
+    from omnivideo import compat
+
+    schema = node_classes()["OmniVideoAttention"].define_schema()
+    aliases = (getattr(schema, "flags", None) or {}).get("search_aliases") or getattr(schema, "search_aliases", None)
+    if "search_aliases" in (getattr(compat.io.Schema, "__dataclass_fields__", None) or {"search_aliases": 1}):
+        assert aliases and "rainfusion" in aliases and "sparse attention" in aliases
+    assert all(
+        s.display_name.startswith(("OmniVideo", "OmniDreams"))
+        for s in map(lambda c: c.define_schema(), node_classes().values())
+    )

@@ -167,3 +167,27 @@ def test_the_checks_see_a_missing_node(page, tmp_path):
     state = _drop(page, path)
     assert state["unknown"] == ["OmniVideoNoSuchNode"]
     assert [d for d in state["dialogs"] if "node" in d.lower() and "missing" in d.lower()], state["dialogs"]
+
+
+def test_searching_omnivideo_finds_every_node_of_the_pack(page, object_info):
+    """The node search of this frontend reads node ids and display names: every node of ours (but the hidden
+    shared sampler) must come up for "OmniVideo"."""
+    from omnivideo.nodes import node_classes
+
+    ours = {n: c.define_schema() for n, c in node_classes().items()}
+    wanted = {s.display_name for s in ours.values() if not object_info[s.node_id].get("deprecated")}
+    for _ in range(2):
+        page.keyboard.press("Escape")
+    page.evaluate("() => window.app.graph.clear()")  # an empty canvas: the double click opens the search box
+    page.wait_for_timeout(300)
+    page.mouse.dblclick(900, 600)
+    box = page.locator("input[placeholder='Search Nodes...']").last
+    box.fill("OmniVideo")
+    page.wait_for_timeout(800)
+    listed = page.evaluate(
+        "(id) => [...document.querySelectorAll('#' + id + ' li')].map(li => li.innerText.split('\\n')[0].trim())",
+        box.get_attribute("aria-controls"),
+    )
+    page.keyboard.press("Escape")
+    assert wanted <= set(listed), f"not found by 'OmniVideo': {sorted(wanted - set(listed))}"
+    assert object_info["OmniVideoSampler"].get("deprecated"), "the shared sampler should be hidden from search"
