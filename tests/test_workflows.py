@@ -11,7 +11,8 @@
   control_after_generate value after a seed), link bookkeeping on both ends, properties
   (cnr_id/ver/"Node name for S&R").
 - Each UI file and its API twin describe the same graph (same ids, class types, links, values).
-- `example_workflows/` (ComfyUI's template browser folder) holds byte-identical copies of the UI files.
+- `example_workflows/` (ComfyUI's template browser folder) holds byte-identical copies of the UI files, named by
+  their readable titles (workflows/templates.txt), each with a .jpg thumbnail.
 
 The last tests break copies of the workflows on purpose and check the validator rejects each one.
 The integration suite (tests/integration) cross-checks CORE_NODES against a real ComfyUI's /object_info.
@@ -575,6 +576,13 @@ def template_files() -> list[Path]:
     return sorted(TEMPLATES.glob("*.json")) if TEMPLATES.is_dir() else []
 
 
+def template_titles() -> dict[str, str]:
+    """UI workflow stem -> the template's file name (without .json): the frontend shows the file name as the
+    card's title and, with '-' and '_' as spaces, as its description."""
+    lines = (WORKFLOWS / "templates.txt").read_text(encoding="utf-8").splitlines()
+    return dict(tuple(p.strip() for p in line.split("=", 1)) for line in lines if line.strip() and line[0] != "#")
+
+
 def api_twin(ui_path: Path) -> Path | None:
     stem = ui_path.name[: -len(".json")]
     return next((p for p in api_files() if p.name == f"{stem}.api.json"), None)
@@ -640,20 +648,20 @@ def test_ui_and_api_describe_the_same_graph(path, sigs):
 
 def template_sync_errors(ui: list[Path], templates: list[Path]) -> list[str]:
     errors = []
-    by_name = {p.name: p for p in ui}
+    titles = template_titles()
+    by_name = {f"{titles.get(p.stem, p.stem)}.json": p for p in ui}
     if len(by_name) != len(ui):
-        errors.append("two UI workflows share a file name; example_workflows/ is flat")
+        errors.append("two UI workflows share a template name; example_workflows/ is flat")
     for name in sorted(set(by_name) - {t.name for t in templates}):
         errors.append(f"example_workflows/{name} missing (copy of {_rel(by_name[name])})")
     for t in templates:
         src = by_name.get(t.name)
         if src is None:
-            errors.append(f"example_workflows/{t.name} has no source under workflows/")
+            errors.append(f"example_workflows/{t.name} has no source under workflows/ (see workflows/templates.txt)")
         elif src.read_bytes() != t.read_bytes():
-            errors.append(
-                f"example_workflows/{t.name} differs from {_rel(src)}: copy it again "
-                f"(cp {_rel(src)} example_workflows/)"
-            )
+            errors.append(f"example_workflows/{t.name} differs from {_rel(src)}: copy it again")
+        if not t.with_suffix(".jpg").is_file():
+            errors.append(f"example_workflows/{t.stem}.jpg (the template card's thumbnail) is missing")
     return errors
 
 
@@ -805,7 +813,7 @@ def test_ui_api_drift_is_rejected(path, sigs):
 
 def test_stale_template_copy_is_rejected(tmp_path):
     src = ui_files()[0]
-    stale = tmp_path / src.name
+    stale = tmp_path / f"{template_titles()[src.stem]}.json"
     stale.write_text(src.read_text(encoding="utf-8").replace('"version": 0.4', '"version": 0.4 '), encoding="utf-8")
     assert any("differs" in e for e in template_sync_errors(ui_files(), [stale]))
     assert any("missing" in e for e in template_sync_errors(ui_files(), []))

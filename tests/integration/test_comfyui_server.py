@@ -120,16 +120,22 @@ def test_backend_info_runs_in_comfyui(comfy_server, report):
 
 
 def test_templates_are_served(comfy_server):
-    """ComfyUI's template browser lists example_workflows/*.json of each pack and serves the files."""
+    """ComfyUI's template browser lists example_workflows/*.json of each pack and serves the files; the frontend
+    titles each card with the file name and shows <name>.jpg as its thumbnail."""
+    from urllib.parse import quote
+
     listing = comfy_server.get_json("/workflow_templates")
     names = sorted(p.name[: -len(".json")] for p in wf.template_files())
     assert sorted(listing.get(PACK_FOLDER, [])) == names, (
         f"/workflow_templates lists {listing.get(PACK_FOLDER)} for {PACK_FOLDER}, expected each of {names} once"
     )
+    assert set(names) == set(wf.template_titles().values())  # readable titles, not file stems
     for name in names:
-        status, body = comfy_server.request(f"/api/workflow_templates/{PACK_FOLDER}/{name}.json")
+        status, body = comfy_server.request(f"/api/workflow_templates/{PACK_FOLDER}/{quote(name)}.json")
         assert status == 200, f"{name}.json: HTTP {status}"
         assert json.loads(body) == json.loads((REPO / "example_workflows" / f"{name}.json").read_text("utf-8"))
+        status, body = comfy_server.request(f"/api/workflow_templates/{PACK_FOLDER}/{quote(name)}.jpg")
+        assert status == 200 and body[:3] == b"\xff\xd8\xff", f"{name}.jpg: HTTP {status}, not a JPEG thumbnail"
 
 
 def test_decode_only_workflow_runs(comfy_server, vae_file, report, api_graph, probe_video):
