@@ -14,12 +14,12 @@
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 
+from ..backends.attention import flex_compiles_on
 from .layout import AttnLayout, resolve_scale
 from .rainfusion import plan_and_permute, protected_positions, record_stats
 
@@ -38,8 +38,8 @@ def _compiled():
 
 
 def use_compiled(device: torch.device) -> bool:
-    """Compiled unless OMNIVIDEO_FLEX_EAGER=1 (eager flex is dense-speed: only for debugging)."""
-    return os.environ.get("OMNIVIDEO_FLEX_EAGER") != "1" and device.type in ("cuda", "cpu")
+    """The backends' rule: compiled on CUDA and CPU unless OMNIVIDEO_FLEX_EAGER=1."""
+    return flex_compiles_on(device)
 
 
 def _persistent_table(mask: torch.Tensor) -> torch.Tensor:

@@ -40,3 +40,9 @@ def flex_probe(platform: Platform) -> str | None:
     ):
         return "flex_attention on CPU is compiled by inductor and needs a C++ compiler (none found)"
     return None
+
+
+def flex_compiles_on(device) -> bool:
+    """flex_attention is compiled (inductor) on CUDA and CPU unless OMNIVIDEO_FLEX_EAGER=1; eager flex computes
+    dense attention, so it is for debugging only."""
+    return os.environ.get("OMNIVIDEO_FLEX_EAGER") != "1" and device.type in ("cuda", "cpu")

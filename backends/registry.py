@@ -157,12 +157,22 @@ def _logged_once(res: Resolution) -> Resolution:
     return res
 
 
+def triton_interpreted() -> bool:
+    """Triton kernels run by the CPU interpreter (TRITON_INTERPRET=1: tests only)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_runs_on(device) -> bool:
+    """Where a Triton kernel can take tensors: CUDA, or CPU under the interpreter."""
+    return device.type == "cuda" or (device.type == "cpu" and triton_interpreted())
+
+
 def triton_probe(platform: Platform) -> str | None:
     """Probe for Triton kernels: CUDA, or the CPU interpreter (TRITON_INTERPRET=1, tests only)."""
     missing = module_probe("triton")(platform)
     if missing:
         return missing
-    if platform.name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if platform.name == "cpu" and not triton_interpreted():
         return "Triton runs on CUDA (on CPU only under TRITON_INTERPRET=1, for tests)"
     return None
 

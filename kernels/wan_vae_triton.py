@@ -15,12 +15,12 @@ past 2**31 elements). Only imported when the registry reports Triton usable.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ..backends.registry import triton_interpreted, triton_runs_on
 from . import wan_vae_torch as _t
 
 CACHE_T = _t.CACHE_T
@@ -28,14 +28,14 @@ CACHE_T = _t.CACHE_T
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The interpreter pays per program and per op, not per element: huge tiles keep it fast.
 # BLOCK is constexpr and only sets the tile size, never the result.
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = triton_interpreted()
 _BLOCK = 1 << 15 if _INTERPRET else 2048
 _MAX_INNER = 1 << 12 if _INTERPRET else 256
 
 
 def supports(device: torch.device) -> bool:
-    """CUDA tensors; CPU tensors only under the interpreter (tests)."""
-    return device.type == "cuda" or (device.type == "cpu" and _INTERPRET)
+    """CUDA tensors; CPU tensors only under the interpreter (tests): the backends' rule."""
+    return triton_runs_on(device)
 
 
 def _device_guard(t):
