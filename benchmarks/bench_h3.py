@@ -66,7 +66,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
         torch.set_num_threads(threads)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from h3_tiny import TRANSFORMER, make_models  # the tiny VAEs are enough: the benchmark stops at latents
+    from support.h3_tiny import TRANSFORMER, make_models  # the tiny VAEs are enough: the benchmark stops at latents
 
     from omnivideo.attention.dispatch import AttentionConfig
     from omnivideo.backends import PLATFORM

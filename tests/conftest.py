@@ -78,6 +78,6 @@ def comfyui_path() -> Path:
 @pytest.fixture
 def comfy_folders(tmp_path, monkeypatch):
     """ComfyUI's folders (models/<kind>, output) in a temp dir, as compat reports them inside ComfyUI."""
-    from comfy_folders import patch_comfy_folders
+    from support.comfy_folders import patch_comfy_folders
 
     return patch_comfy_folders(monkeypatch, tmp_path / "comfyui")

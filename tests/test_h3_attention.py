@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
+from support.h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
 from omnivideo.attention.dispatch import AttentionConfig
 from omnivideo.models.h3.attention import h3_attention

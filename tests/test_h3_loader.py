@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
-from h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 from safetensors.torch import save_file
+from support.h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
+from support.h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 
 from omnivideo.models.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
 from omnivideo.models.h3.loader import H3LoadError, load_h3
@@ -156,7 +156,7 @@ def test_embeddings_roundtrip_and_errors(tmp_path):
 
 
 def test_text_encoder_folder_loads_and_checks_layer(tmp_path):
-    from h3_tiny_qwen import write_text_encoder_folder
+    from support.h3_tiny_qwen import write_text_encoder_folder
 
     from omnivideo.models.h3.text import load_text_encoder
 

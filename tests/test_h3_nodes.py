@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from comfy_folders import patch_comfy_folders
-from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
-from h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
+from support.comfy_folders import patch_comfy_folders
+from support.h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder
+from support.h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 
 from omnivideo import compat
 from omnivideo.models.h3.geometry import FPS

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from h3_tiny import FRAMES, HEIGHT, WIDTH, keyframe_images, make_models, reference_pipeline, text_inputs, write_folder
+from support.h3_tiny import (
+    FRAMES,
+    HEIGHT,
+    WIDTH,
+    keyframe_images,
+    make_models,
+    reference_pipeline,
+    text_inputs,
+    write_folder,
+)
 
 from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.handles import H3Conditioning

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from omnidreams_tiny import TINY
+from support.omnidreams_tiny import TINY
 
 from omnivideo.models.omnidreams.dit import (
     OmniDreamsConfig,
@@ -286,7 +286,7 @@ def test_forward_matches_spec_reference():
     """The fp32 model (stored checkpoint -> loader fusions -> forward) against SpecReferenceDiT:
     chunk 0 (pinned frame-0 mask, offset 0, t = 803.57 as bf16) and chunk 1 (offset 2, t = 128)
     attending to chunk 0's K/V through the real rolling cache."""
-    from omnidreams_tiny import stored_state_dict
+    from support.omnidreams_tiny import stored_state_dict
 
     from omnivideo.models.omnidreams.kv_cache import RollingKVCache
     from omnivideo.models.omnidreams.loader import build_model

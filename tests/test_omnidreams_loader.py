@@ -6,8 +6,8 @@ import os
 
 import pytest
 import torch
-from omnidreams_tiny import TINY, stored_state_dict
 from safetensors.torch import save_file
+from support.omnidreams_tiny import TINY, stored_state_dict
 
 from omnivideo.backends import resolve_dtype
 from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT, patchify

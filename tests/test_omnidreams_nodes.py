@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omnidreams_tiny import TINY, stored_state_dict
+from support.omnidreams_tiny import TINY, stored_state_dict
 
 from omnivideo.models.handles import OmniDreamsConditioning
 from omnivideo.models.omnidreams.text import save_embedding

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omnidreams_tiny import TEXT_HIDDEN as HIDDEN
-from omnidreams_tiny import TEXT_LAYERS as LAYERS
-from omnidreams_tiny import write_tiny_cosmos_reason1
+from support.omnidreams_tiny import TEXT_HIDDEN as HIDDEN
+from support.omnidreams_tiny import TEXT_LAYERS as LAYERS
+from support.omnidreams_tiny import write_tiny_cosmos_reason1
 
 from omnivideo.models.omnidreams import text as te
 

@@ -295,7 +295,7 @@ def test_encode_first_frame_checks_the_vae_before_encoding():
 
 
 def test_truncated_h3_vae_names_the_file(tmp_path):
-    from h3_tiny import make_models, write_folder
+    from support.h3_tiny import make_models, write_folder
 
     from omnivideo.models.h3.loader import load_h3
 

@@ -15,7 +15,14 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-from wan_vae_fixtures import FakeComfyVAE, StateDictModule, decode, randomize, tiny_from_config, to_original_names
+from support.wan_vae_fixtures import (
+    FakeComfyVAE,
+    StateDictModule,
+    decode,
+    randomize,
+    tiny_from_config,
+    to_original_names,
+)
 
 from omnivideo.models.checkpoint_io import check_state_dict, expected_shapes
 from omnivideo.models.wan_vae import convert as wc

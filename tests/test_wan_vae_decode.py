@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from wan_vae_fixtures import CONFIGS, tiny_from_config, tiny_latent, tiny_wan_vae, to_channels_last_3d
+from support.wan_vae_fixtures import CONFIGS, tiny_from_config, tiny_latent, tiny_wan_vae, to_channels_last_3d
 
 from omnivideo import compat
 from omnivideo.backends import resolve

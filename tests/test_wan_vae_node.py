@@ -2,7 +2,14 @@
 
 import pytest
 import torch
-from wan_vae_fixtures import CONFIGS, FakeComfyVAE, StateDictModule, tiny_latent, tiny_wan_vae, to_original_names
+from support.wan_vae_fixtures import (
+    CONFIGS,
+    FakeComfyVAE,
+    StateDictModule,
+    tiny_latent,
+    tiny_wan_vae,
+    to_original_names,
+)
 
 from omnivideo.models.wan_vae.convert import CACHE_ATTR
 from omnivideo.nodes import node_classes

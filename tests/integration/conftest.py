@@ -58,7 +58,7 @@ def write_random_wan21_vae(path: Path, seed: int = 0) -> dict:
     from diffusers import AutoencoderKLWan
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
     from safetensors.torch import save_file
-    from wan_vae_fixtures import to_original_names  # tests/ is on sys.path (tests/conftest.py)
+    from support.wan_vae_fixtures import to_original_names  # tests/ is on sys.path (tests/conftest.py)
 
     torch.manual_seed(seed)
     model = AutoencoderKLWan()

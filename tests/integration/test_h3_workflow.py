@@ -17,8 +17,8 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
 
-from h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder  # noqa: E402
-from h3_tiny_qwen import LAYER, tiny_qwen3vl, write_text_encoder_folder  # noqa: E402
+from support.h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder  # noqa: E402
+from support.h3_tiny_qwen import LAYER, tiny_qwen3vl, write_text_encoder_folder  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

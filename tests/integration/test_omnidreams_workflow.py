@@ -23,7 +23,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
 
-from omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict, write_tiny_cosmos_reason1  # noqa: E402
+from support.omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict, write_tiny_cosmos_reason1  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
