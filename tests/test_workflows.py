@@ -1,8 +1,8 @@
 """Every shipped workflow file is checked against the node signatures, without ComfyUI.
 
 - API format (`workflows/**/<name>.api.json`): every class_type is one of our nodes (signature read from
-  `define_schema()`) or one of the core nodes listed in CORE_NODES below (copied from ComfyUI v0.3.64:
-  nodes.py, comfy_extras/nodes_hunyuan.py, nodes_model_advanced.py, nodes_video.py, comfy/samplers.py);
+  `define_schema()`) or one of the core nodes in CORE_NODES below (read from a pinned /object_info dump of
+  ComfyUI v0.3.64, tests/support/core_object_info_0.3.64.json);
   every required input is present, no unknown input, combo values legal, INT/FLOAT inside min/max,
   links point at existing nodes and output slots whose type matches the input's type, an output node
   exists and the graph has no cycle.
@@ -68,144 +68,53 @@ def _opt(name, type, **kw):
     return In(name, type, required=False, **kw)
 
 
-SAMPLERS = [
-    "euler",
-    "euler_cfg_pp",
-    "euler_ancestral",
-    "euler_ancestral_cfg_pp",
-    "heun",
-    "heunpp2",
-    "dpm_2",
-    "dpm_2_ancestral",
-    "lms",
-    "dpm_fast",
-    "dpm_adaptive",
-    "dpmpp_2s_ancestral",
-    "dpmpp_2s_ancestral_cfg_pp",
-    "dpmpp_sde",
-    "dpmpp_sde_gpu",
-    "dpmpp_2m",
-    "dpmpp_2m_cfg_pp",
-    "dpmpp_2m_sde",
-    "dpmpp_2m_sde_gpu",
-    "dpmpp_2m_sde_heun",
-    "dpmpp_2m_sde_heun_gpu",
-    "dpmpp_3m_sde",
-    "dpmpp_3m_sde_gpu",
-    "ddpm",
-    "lcm",
-    "ipndm",
-    "ipndm_v",
-    "deis",
-    "res_multistep",
-    "res_multistep_cfg_pp",
-    "res_multistep_ancestral",
-    "res_multistep_ancestral_cfg_pp",
-    "gradient_estimation",
-    "gradient_estimation_cfg_pp",
-    "er_sde",
-    "seeds_2",
-    "seeds_3",
-    "sa_solver",
-    "sa_solver_pece",
-    "ddim",
-    "uni_pc",
-    "uni_pc_bh2",
-]
-SCHEDULERS = [
-    "simple",
-    "sgm_uniform",
-    "karras",
-    "exponential",
-    "ddim_uniform",
-    "beta",
-    "normal",
-    "linear_quadratic",
-    "kl_optimal",
-]
-CLIP_TYPES = [
-    "stable_diffusion",
-    "stable_cascade",
-    "sd3",
-    "stable_audio",
-    "mochi",
-    "ltxv",
-    "pixart",
-    "cosmos",
-    "lumina2",
-    "wan",
-    "hidream",
-    "chroma",
-    "ace",
-    "omnigen2",
-    "qwen_image",
-    "hunyuan_image",
-]
+# The core nodes our workflows (and integration tests) use: their /object_info entries from ComfyUI v0.3.64,
+# pinned in tests/support (model-file choices emptied: they depend on the machine). The integration suite
+# compares the pin with a real ComfyUI's /object_info.
+CORE_OBJECT_INFO = REPO / "tests" / "support" / "core_object_info_0.3.64.json"
+FILE_INPUTS = {"vae_name", "unet_name", "clip_name", "image", "file", "latent"}  # combos over a model/input folder
 
-# The core nodes our workflows (and integration tests) use, as ComfyUI v0.3.64 defines them.
+
+def signature_from_object_info(info: dict) -> Sig:
+    """A node's signature from its /object_info entry (V1 list combos and V3 "COMBO" + options alike)."""
+    inputs = []
+    for group in ("required", "optional"):
+        for name in info["input_order"].get(group, []):  # the widget order (the dump's keys are sorted)
+            entry = info["input"][group][name]
+            kind, opts = entry[0], (entry[1] if len(entry) > 1 else {}) or {}
+            choices = None
+            if isinstance(kind, list) or kind == "COMBO":
+                choices = (
+                    FILE_LIST if name in FILE_INPUTS else list(kind if isinstance(kind, list) else opts["options"])
+                )
+                kind = "COMBO"
+            inputs.append(
+                In(
+                    name,
+                    kind,
+                    required=group == "required",
+                    min=opts.get("min"),
+                    max=opts.get("max"),
+                    choices=choices,
+                    control_after_generate=bool(opts.get("control_after_generate")),
+                )
+            )
+            if opts.get("image_upload") or opts.get("video_upload"):  # the frontend adds an upload button widget
+                inputs.append(_opt("upload", "IMAGEUPLOAD"))
+    return Sig(inputs, list(info["output"]), output_node=bool(info.get("output_node")))
+
+
+def comparable(sig: Sig) -> tuple:
+    """What a signature says, as a value (for comparing a pinned signature with a live one)."""
+    return (
+        tuple((i.name, i.type, i.required, i.min, i.max, str(i.choices), i.control_after_generate) for i in sig.inputs),
+        tuple(sig.outputs),
+        sig.output_node,
+    )
+
+
 CORE_NODES: dict[str, Sig] = {
-    "VAELoader": Sig([In("vae_name", "COMBO", choices=FILE_LIST)], ["VAE"]),
-    "UNETLoader": Sig(
-        [
-            In("unet_name", "COMBO", choices=FILE_LIST),
-            In("weight_dtype", "COMBO", choices=["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]),
-        ],
-        ["MODEL"],
-    ),
-    "CLIPLoader": Sig(
-        [
-            In("clip_name", "COMBO", choices=FILE_LIST),
-            In("type", "COMBO", choices=CLIP_TYPES),
-            _opt("device", "COMBO", choices=["default", "cpu"]),
-        ],
-        ["CLIP"],
-    ),
-    "CLIPTextEncode": Sig([In("text", "STRING"), In("clip", "CLIP")], ["CONDITIONING"]),
-    "ModelSamplingSD3": Sig([In("model", "MODEL"), In("shift", "FLOAT", min=0.0, max=100.0)], ["MODEL"]),
-    "EmptyHunyuanLatentVideo": Sig(
-        [
-            In("width", "INT", min=16, max=MAX_RESOLUTION),
-            In("height", "INT", min=16, max=MAX_RESOLUTION),
-            In("length", "INT", min=1, max=MAX_RESOLUTION),
-            In("batch_size", "INT", min=1, max=4096),
-        ],
-        ["LATENT"],
-    ),
-    "KSampler": Sig(
-        [
-            In("model", "MODEL"),
-            In("seed", "INT", min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-            In("steps", "INT", min=1, max=10000),
-            In("cfg", "FLOAT", min=0.0, max=100.0),
-            In("sampler_name", "COMBO", choices=SAMPLERS),
-            In("scheduler", "COMBO", choices=SCHEDULERS),
-            In("positive", "CONDITIONING"),
-            In("negative", "CONDITIONING"),
-            In("latent_image", "LATENT"),
-            In("denoise", "FLOAT", min=0.0, max=1.0),
-        ],
-        ["LATENT"],
-    ),
-    "VAEDecode": Sig([In("samples", "LATENT"), In("vae", "VAE")], ["IMAGE"]),
-    "CreateVideo": Sig(
-        [In("images", "IMAGE"), In("fps", "FLOAT", min=1.0, max=120.0), _opt("audio", "AUDIO")], ["VIDEO"]
-    ),
-    "SaveVideo": Sig(
-        [
-            In("video", "VIDEO"),
-            In("filename_prefix", "STRING"),
-            In("format", "COMBO", choices=["auto", "mp4"]),
-            In("codec", "COMBO", choices=["auto", "h264"]),
-        ],
-        [],
-        output_node=True,
-    ),
-    "SaveImage": Sig([In("images", "IMAGE"), In("filename_prefix", "STRING")], [], output_node=True),
-    "LoadLatent": Sig([In("latent", "COMBO", choices=FILE_LIST)], ["LATENT"]),
-    # the UI stores a second widget value for the upload button ("image"); the API has no such input
-    "LoadImage": Sig([In("image", "COMBO", choices=FILE_LIST), _opt("upload", "IMAGEUPLOAD")], ["IMAGE", "MASK"]),
-    "LoadVideo": Sig([In("file", "COMBO", choices=FILE_LIST), _opt("upload", "IMAGEUPLOAD")], ["VIDEO"]),
-    "GetVideoComponents": Sig([In("video", "VIDEO")], ["IMAGE", "AUDIO", "FLOAT"]),
+    name: signature_from_object_info(info) for name, info in json.loads(CORE_OBJECT_INFO.read_text("utf-8")).items()
 }
 
 

@@ -68,46 +68,16 @@ def test_pack_loads_and_registers_its_nodes(comfy_server, object_info):
     assert "Unable to parse pyproject.toml" not in log, "ComfyUI could not read our pyproject.toml [tool.comfy]"
 
 
-def _published_type_and_choices(entry):
-    kind, opts = entry[0], (entry[1] if len(entry) > 1 else {}) or {}
-    if isinstance(kind, list):  # V1 combo: the choices are the type
-        return "COMBO", kind
-    return kind, opts.get("options")
-
-
 def test_core_signatures_match_this_comfyui(object_info):
-    """tests/test_workflows.py keeps a checked-in copy of the core node signatures; keep it honest."""
-    errors = []
-    for name, sig in wf.CORE_NODES.items():
-        info = object_info.get(name)
-        if info is None:
-            errors.append(f"{name}: not in /object_info")
-            continue
-        if info["output"] != sig.outputs:
-            errors.append(f"{name}: outputs {info['output']} vs checked-in {sig.outputs}")
-        if bool(info.get("output_node")) != sig.output_node:
-            errors.append(f"{name}: output_node {info.get('output_node')}")
-        for group, required in (("required", True), ("optional", False)):
-            published = info["input"].get(group, {})
-            ours = {i.name: i for i in sig.inputs if i.required == required and i.type != "IMAGEUPLOAD"}  # UI-only
-            if set(published) != set(ours):
-                errors.append(f"{name}: {group} inputs {sorted(published)} vs checked-in {sorted(ours)}")
-                continue
-            for iname, entry in published.items():
-                kind, choices = _published_type_and_choices(entry)
-                spec = ours[iname]
-                if kind != spec.type:
-                    errors.append(f"{name}.{iname}: type {kind} vs checked-in {spec.type}")
-                elif kind == "COMBO" and spec.choices != wf.FILE_LIST and list(choices) != list(spec.choices):
-                    errors.append(f"{name}.{iname}: choices {choices} vs checked-in {spec.choices}")
-                elif kind in ("INT", "FLOAT"):
-                    opts = entry[1]
-                    if (opts.get("min"), opts.get("max")) != (spec.min, spec.max):
-                        errors.append(
-                            f"{name}.{iname}: range {opts.get('min')}..{opts.get('max')} vs "
-                            f"checked-in {spec.min}..{spec.max}"
-                        )
-    assert not errors, "\n".join(errors)
+    """The validator reads the core nodes from a pinned /object_info dump (tests/support); it must equal what this
+    ComfyUI publishes (model-file choices aside: they depend on the machine)."""
+    stale = [
+        name
+        for name, sig in wf.CORE_NODES.items()
+        if name not in object_info
+        or wf.comparable(wf.signature_from_object_info(object_info[name])) != wf.comparable(sig)
+    ]
+    assert not stale, f"re-pin {wf.CORE_OBJECT_INFO.name} from /object_info for: {stale}"
 
 
 def test_backend_info_runs_in_comfyui(comfy_server, report):
