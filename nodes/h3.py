@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
-from ..integration import safe_paths
+from ..integration import comfy_types, safe_paths
 from ..models.h3.geometry import FPS, MAX_SECONDS
 from ..models.h3.loader import folder_problem, load_h3
 from ..models.h3.text import (
@@ -273,8 +273,10 @@ class OmniVideoH3Decode(io.ComfyNode):
     def execute(cls, vae, audio_vae, samples) -> io.NodeOutput:
         from ..pipelines.h3.decode import decode
 
-        frames, audio = decode(vae, audio_vae, samples, PLATFORM.device, progress=compat.ProgressBar)
-        return io.NodeOutput(frames, audio)
+        video, audio, rate = comfy_types.h3_latents(samples)
+        frames, wave = decode(vae, audio_vae, video, audio, PLATFORM.device, progress=compat.ProgressBar)
+        rate = rate or audio_vae.config.sampling_rate
+        return io.NodeOutput(comfy_types.image_from_video(frames), comfy_types.audio(wave, rate))
 
 
 class OmniVideoH3Sampler(io.ComfyNode):
@@ -306,7 +308,10 @@ class OmniVideoH3Sampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, conditioning, seed=42, frames=209, steps=0, width=1344, height=768) -> io.NodeOutput:
-        return run_sampler(sample, 32, model, conditioning, seed, frames, steps, width, height)
+        result = run_sampler(sample, 32, model, conditioning, seed, frames, steps, width, height)
+        return io.NodeOutput(
+            comfy_types.h3_latent(result.video, result.audio, result.num_frames, FPS, result.sample_rate)
+        )
 
 
 NODES = [

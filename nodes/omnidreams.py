@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
 from ..compat import io
-from ..integration import safe_paths
+from ..integration import comfy_types, safe_paths
 from ..models.handles import OmniDreamsConditioning, OmniDreamsModel, check_family
 from ..models.omnidreams.loader import load_omnidreams
 from ..models.omnidreams.text import (
@@ -300,7 +300,8 @@ class OmniDreamsSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, conditioning, seed=42, frames=61, steps=0, width=1280, height=704) -> io.NodeOutput:
-        return run_sampler(sample, 16, model, conditioning, seed, frames, steps, width, height)
+        z = run_sampler(sample, 16, model, conditioning, seed, frames, steps, width, height)
+        return io.NodeOutput(comfy_types.latent(z))
 
 
 NODES = [

@@ -32,12 +32,12 @@ def sampler_inputs(
     ]
 
 
-def run_sampler(sample, size_step: int, model, conditioning, seed, frames, steps, width, height) -> io.NodeOutput:
-    """`sample(model, conditioning, *, seed, frames, steps, width, height, progress) -> LATENT dict`."""
+def run_sampler(sample, size_step: int, model, conditioning, seed, frames, steps, width, height):
+    """`sample(model, conditioning, *, seed, frames, steps, width, height, progress)`'s result."""
     # ComfyUI checks the declared min/max; the step is not checked by ComfyUI, so it is here, before any work
     if width % size_step or height % size_step:
         raise ValueError(f"width and height must be multiples of {size_step}, got {width}x{height}")
-    latent = sample(
+    return sample(
         model,
         conditioning,
         seed=seed,
@@ -47,4 +47,3 @@ def run_sampler(sample, size_step: int, model, conditioning, seed, frames, steps
         height=height,
         progress=compat.ProgressBar,
     )
-    return io.NodeOutput(latent)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .. import compat
 from ..compat import io
-from ..pipelines.wan_decode import FUSION_CHOICES, decode_to_images
+from ..integration.comfy_types import image_from_video
+from ..pipelines.wan_decode import FUSION_CHOICES, decode
 
 
 class OmniVideoWanVAEDecode(io.ComfyNode):
@@ -30,4 +31,4 @@ class OmniVideoWanVAEDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, samples, fusion="auto") -> io.NodeOutput:
-        return io.NodeOutput(decode_to_images(vae, samples["samples"], fusion))
+        return io.NodeOutput(image_from_video(decode(vae, samples["samples"], fusion), signed=True))

@@ -268,7 +268,7 @@ def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Te
 
 
 def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int, progress=None) -> dict:
-    """OmniVideo Sampler entry for family 'omnidreams'. Returns a LATENT dict in raw Wan 2.1 space.
+    """The OmniDreams sampler: the video latent [1, 16, T, h, w] in raw Wan 2.1 space.
 
     frames: pixel frames wanted; rounded up to 8N - 3 (N chunks of 2 latent frames).
     steps: 0 or 2 (the distilled schedule). width/height: used when no first frame fixes the size.
@@ -326,4 +326,4 @@ def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: in
         z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
     finally:
         compat.free_memory()  # also on interrupt or error: return the freed KV window's blocks
-    return {"samples": z}
+    return z

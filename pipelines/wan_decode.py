@@ -126,8 +126,9 @@ def validate_latent(vae: AutoencoderKLWan, z: torch.Tensor) -> None:
     check_latent_channels(vae, z)
 
 
-def decode_to_images(comfy_vae, z: torch.Tensor, fusion: str = "auto") -> torch.Tensor:
-    """ComfyUI's VAE + raw Wan latent -> IMAGE [B*frames, H, W, 3] in [0, 1] (core VAEDecode's layout)."""
+def decode(comfy_vae, z: torch.Tensor, fusion: str = "auto") -> torch.Tensor:
+    """ComfyUI's VAE + raw Wan latent -> video [B, 3, frames, H, W] float32 in [-1, 1] on ComfyUI's intermediate
+    device."""
     device, offload = PLATFORM.device, torch.device("cpu")
     # The converted copy is cached on the VAE object in CPU memory, outside ComfyUI's model
     # management; it visits the device only while decoding.
@@ -138,9 +139,7 @@ def decode_to_images(comfy_vae, z: torch.Tensor, fusion: str = "auto") -> torch.
     try:
         vae.to(device)
         video = decode_latent(vae, z.to(device=device, dtype=vae.dtype), compat.ProgressBar(z.shape[2]))
-        video = video.to(device=compat.intermediate_device(offload), dtype=torch.float32)
-        images = video.add_(1.0).div_(2.0).clamp_(0.0, 1.0)  # ComfyUI's VAE.process_output
-        return images.movedim(1, -1).flatten(0, 1).contiguous()  # [B, C, F, H, W] -> [B*F, H, W, C]
+        return video.to(device=compat.intermediate_device(offload), dtype=torch.float32)
     finally:
         vae.to(offload)
         compat.free_memory()

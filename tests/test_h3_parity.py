@@ -17,7 +17,7 @@ from support.h3_tiny import (
 
 from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.handles import H3Conditioning
-from omnivideo.pipelines.h3 import AUDIO_KEY, sample
+from omnivideo.pipelines.h3 import sample
 from omnivideo.pipelines.h3.decode import decode_audio, decode_video
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
 
@@ -37,7 +37,7 @@ def _normalise(model, latent):
     n = model.latent_norm
     vm, vs = (torch.tensor(n[k]).view(1, -1, 1, 1, 1) for k in ("video_mean", "video_std"))
     am, ast = (torch.tensor(n[k]).view(1, -1, 1) for k in ("audio_mean", "audio_std"))
-    return (latent["samples"] - vm) / vs, (latent[AUDIO_KEY] - am) / ast
+    return (latent.video - vm) / vs, (latent.audio - am) / ast
 
 
 def _max_diff(a, b):
@@ -82,10 +82,10 @@ def test_t2va_matches_modular_pipeline(h3):
     assert _max_diff(audio, ref["audio_latents"]) <= TOL
     assert video.abs().max() > 0.1  # not a trivially zero latent
 
-    frames = decode_video(vae, out["samples"], CPU)
-    assert frames.shape == (FRAMES, HEIGHT, WIDTH, 3)
-    assert _max_diff(frames, ref["videos"][0].permute(0, 2, 3, 1)) <= TOL
-    wave = decode_audio(audio_vae, out[AUDIO_KEY], CPU)
+    frames = decode_video(vae, out.video, CPU)  # [1, 3, F, H, W] in [0, 1]; diffusers' videos are [1, F, 3, H, W]
+    assert frames.shape == (1, 3, FRAMES, HEIGHT, WIDTH)
+    assert _max_diff(frames[0].permute(1, 0, 2, 3), ref["videos"][0]) <= TOL
+    wave = decode_audio(audio_vae, out.audio, CPU)
     assert wave.shape[:2] == (1, 2)
     assert _max_diff(wave, ref["audio"]) <= TOL
 
@@ -112,7 +112,7 @@ def test_fl2va_first_and_last_keyframes_match(h3):
         width=WIDTH,
         height=HEIGHT,
     )
-    assert _max_diff(plain["samples"], out["samples"]) > 1e-3
+    assert _max_diff(plain.video, out.video) > 1e-3
 
 
 def test_keyframe_canvas_mismatch_is_explained(h3):

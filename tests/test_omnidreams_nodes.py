@@ -100,7 +100,7 @@ def test_loader_encode_sample_pipeline(comfy_folders):
     latent = nodes.OmniDreamsSampler.execute(model, cond, seed=1, frames=13, steps=0, width=1280, height=704)[0]
     # the shared node kept for saved workflows runs the family's sampler: the same latent
     again = OmniVideoSampler.execute(model, cond, seed=1, frames=13, steps=0, width=1280, height=704)[0]
-    assert torch.equal(again["samples"], latent["samples"])
+    assert torch.equal(again["samples"], latent["samples"]) and set(latent) == {"samples"}  # a core LATENT
     z = latent["samples"]
     assert z.shape == (1, 16, 4, 4, 6) and torch.isfinite(z).all()
     mean = torch.tensor(pipe.LATENT_MEAN).view(1, 16, 1, 1, 1)

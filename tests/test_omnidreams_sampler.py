@@ -315,7 +315,7 @@ def test_sample_returns_raw_wan_latent(model, text, first_frame):
             self.n += n
 
     out = pipe.sample(_handle(model), cond, seed=42, frames=13, steps=0, width=64, height=64, progress=Bar)
-    z = out["samples"]
+    z = out
     assert z.shape == (1, 16, 4, H, W)  # 13 frames = 2 chunks, size from the first frame
     assert bars[0].total == 2 and bars[0].n == 2
     ref = _rollout(model, text, first_frame, num_chunks=2)
@@ -349,9 +349,7 @@ def test_frames_to_chunks():
 
 def test_sample_uses_the_chunk_length_of_the_settings(model, text, first_frame):
     cond = OmniDreamsConditioning(text=text, first_frame=first_frame)
-    z = pipe.sample(_handle(model, {"chunk_frames": 1}), cond, seed=0, frames=9, steps=0, width=64, height=64)[
-        "samples"
-    ]
+    z = pipe.sample(_handle(model, {"chunk_frames": 1}), cond, seed=0, frames=9, steps=0, width=64, height=64)
     assert z.shape == (1, 16, 3, H, W)  # 9 frames = 1 + (3 - 1) * 4: three 1-frame chunks, not 2 x 2
 
 

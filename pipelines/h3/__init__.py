@@ -1,5 +1,5 @@
 """MiniMax-H3 generation on diffusers' modules: layout, sampler, keyframes, decode."""
 
-from .sampler import AUDIO_KEY, sample
+from .sampler import H3Latents, sample
 
-__all__ = ["sample", "AUDIO_KEY"]
+__all__ = ["sample", "H3Latents"]

@@ -9,6 +9,7 @@ keyframe rows held at t = max(t, 0.999) and never written; one forward per step
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from diffusers import MiniMaxH3Scheduler
@@ -17,14 +18,12 @@ from diffusers.utils.torch_utils import randn_tensor
 from ... import compat
 from ...attention.dispatch import normalize_config
 from ...models.h3.attention import h3_attention, uses_packing
-from ...models.h3.geometry import AUDIO_CHANNELS, FPS, H3Geometry, resolve_shape
+from ...models.h3.geometry import AUDIO_CHANNELS, H3Geometry, resolve_shape
 from ...models.handles import H3Conditioning, H3Model, check_family
 from .layout import KEYFRAME_T, PAD_MULTIPLE, build_layout, patchify_video_latents, unpack_audio, unpatchify_video
 
 log = logging.getLogger("omnivideo")
 
-# LATENT keys (besides ComfyUI's "samples"): see `latent_dict`.
-AUDIO_KEY = "h3_audio_samples"
 DEFAULT_STEPS = 50  # sigma points incl. the terminal 0 -> 49 forwards; turbo LoRAs use 4-8
 
 
@@ -40,21 +39,14 @@ def _schedulers(model: H3Model) -> tuple[MiniMaxH3Scheduler, MiniMaxH3Scheduler]
     return video, audio
 
 
-def latent_dict(video: torch.Tensor, audio: torch.Tensor, num_frames: int, sample_rate: int) -> dict:
-    """ComfyUI LATENT for H3. Both tensors in the VAEs' raw (denormalised) latent space.
+@dataclass
+class H3Latents:
+    """What the H3 sampler makes, in the VAEs' raw (denormalised) latent space."""
 
-    samples            [1, 24, T, H/16, W/16] video latents
-    h3_audio_samples   [2, 32, N] audio latents, the stereo channels as the mono audio VAE's batch
-    h3_frames / h3_fps / h3_sample_rate  what the decode needs to cut and label the outputs
-    """
-    return {
-        "samples": video,
-        AUDIO_KEY: audio,
-        "type": "minimax_h3",
-        "h3_frames": num_frames,
-        "h3_fps": FPS,
-        "h3_sample_rate": sample_rate,
-    }
+    video: torch.Tensor  # [1, 24, T, H/16, W/16]
+    audio: torch.Tensor  # [2, 32, N]: the stereo channels as the mono audio VAE's batch
+    num_frames: int
+    sample_rate: int
 
 
 def sample(
@@ -67,7 +59,7 @@ def sample(
     width: int,
     height: int,
     progress=None,
-) -> dict:
+) -> H3Latents:
     check_family(model, "h3", "model", "load it with OmniVideo H3 Loader")
     check_family(conditioning, "h3", "conditioning", "use OmniVideo H3 Text Encode")
     steps = int(steps) or DEFAULT_STEPS
@@ -160,7 +152,7 @@ def sample(
         audio_lat = unpack_audio(audio, shape)
         video_lat, audio_lat = denormalize(model, video_lat, audio_lat)
         out_device = compat.intermediate_device(torch.device("cpu"))
-        return latent_dict(video_lat.to(out_device), audio_lat.to(out_device), shape.num_frames, geo.audio_sample_rate)
+        return H3Latents(video_lat.to(out_device), audio_lat.to(out_device), shape.num_frames, geo.audio_sample_rate)
     finally:
         del latents, audio, text
         transformer.to("cpu")  # offload, as Keyframes / Text Encode / Decode do with their models
