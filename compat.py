@@ -63,6 +63,8 @@ class _FallbackIO:
     @staticmethod
     def Custom(io_type: str):
         class _Type:
+            io_type: str
+
             @staticmethod
             def Input(id, **kw):
                 return _FallbackIO._Port(io_type, id, **kw)

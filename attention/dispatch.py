@@ -257,9 +257,11 @@ def attention(
         return _call(fn, q, k, v, scale=scale, layout=layout)
 
     name, fn = sparse_backend(config, platform)
+    assert layout is not None and layout.grid is not None  # dense_reason keeps calls without them dense
     s = q.shape[1]
     real = layout.real_len(s)
-    run_layout = AttnLayout(layout.prefix_len, tuple(int(g) for g in layout.grid))
+    t, h, w = (int(g) for g in layout.grid)
+    run_layout = AttnLayout(layout.prefix_len, (t, h, w))
     info: dict = {}
     if real < s:  # packed [real | pad], batch 1: attend the real rows only, padding rows are never read
         out = q.new_zeros(q.shape)

@@ -57,7 +57,7 @@ def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     scale = _scale(q, scale)
     b, s, h, d = q.shape
     used, masked = _packed(q, layout)
-    if masked:
+    if masked and layout is not None:
         return _masked_fallback(q, k, v, scale, layout)
     if used is None and layout is not None and layout.kv_lengths is not None:
         key_padding_mask(layout, b, s, q.device)  # validates (raises on unusable lengths)
@@ -72,7 +72,7 @@ def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     scale = _scale(q, scale)
     s = q.shape[1]
     used, masked = _packed(q, layout)
-    if masked:
+    if masked and layout is not None:
         return _masked_fallback(q, k, v, scale, layout)
     n = used if used is not None else s
     c = LASER_PRESCALE

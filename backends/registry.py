@@ -64,7 +64,7 @@ class _Op:
 
     @property
     def auto_order(self) -> list[str]:
-        return sorted(self.ranks, key=self.ranks.get)  # stable: ties keep registration order
+        return sorted(self.ranks, key=lambda name: self.ranks[name])  # stable: ties keep registration order
 
 
 _PACK = __package__.rpartition(".")[0]  # "omnivideo", or "custom_nodes.<folder>" in ComfyUI
@@ -132,15 +132,17 @@ def _resolve(op: str, requested: str, platform: Platform, exact: bool | None) ->
     if requested not in impls:
         raise ValueError(f"unknown {op} implementation {requested!r}; choose from auto, {', '.join(impls)}")
 
-    reasons, name, seen = [], requested, set()
-    while name is not None and name not in seen:
-        seen.add(name)
-        why_not = impls[name].unusable_reason(platform)
+    reasons: list[str] = []
+    seen: set[str] = set()
+    current: str | None = requested
+    while current is not None and current not in seen:
+        seen.add(current)
+        why_not = impls[current].unusable_reason(platform)
         if why_not is None:
-            reason = "requested" if name == requested else f"fell back to {name}: " + "; ".join(reasons)
-            return _logged_once(Resolution(impls[name], requested, reason))
+            reason = "requested" if current == requested else f"fell back to {current}: " + "; ".join(reasons)
+            return _logged_once(Resolution(impls[current], requested, reason))
         reasons.append(why_not)
-        name = impls[name].fallback
+        current = impls[current].fallback
     raise RuntimeError(f"{op}: {requested} is unusable and has no usable fallback: " + "; ".join(reasons))
 
 

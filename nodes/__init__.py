@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .attention import OmniVideoAttention, OmniVideoPatchModelAttention
 from .backend_info import OmniVideoBackendInfo
 from .h3 import NODES as H3_NODES
@@ -9,7 +11,7 @@ from .omnidreams import NODES as OMNIDREAMS_NODES
 from .sampler import OmniVideoSampler
 from .wan_vae_decode import OmniVideoWanVAEDecode
 
-NODES = [
+NODES: list[Any] = [
     OmniVideoBackendInfo,
     OmniVideoWanVAEDecode,
     OmniVideoAttention,

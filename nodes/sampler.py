@@ -4,13 +4,15 @@ the inputs to the sampler of the model's family."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..compat import io
 from .h3 import OmniVideoH3Sampler
 from .omnidreams import OmniDreamsSampler
 from .sampling import sampler_inputs
 
 MAX_FRAMES = 1021
-FAMILY_SAMPLERS = {"omnidreams": OmniDreamsSampler, "h3": OmniVideoH3Sampler}
+FAMILY_SAMPLERS: dict[str, Any] = {"omnidreams": OmniDreamsSampler, "h3": OmniVideoH3Sampler}
 
 
 class OmniVideoSampler(io.ComfyNode):

@@ -25,8 +25,8 @@ from ..models.omnidreams.kv_cache import RollingKVCache
 from ..models.wan_vae.convert import WAN21_CONFIG
 
 # Wan 2.1 latent normalisation (= ComfyUI's Wan21 latent format): model latent = (mu - mean) / std
-LATENT_MEAN = tuple(WAN21_CONFIG["latents_mean"])
-LATENT_STD = tuple(WAN21_CONFIG["latents_std"])
+LATENT_MEAN: tuple[float, ...] = tuple(WAN21_CONFIG["latents_mean"])  # type: ignore[arg-type]
+LATENT_STD: tuple[float, ...] = tuple(WAN21_CONFIG["latents_std"])  # type: ignore[arg-type]
 VAE_SPATIAL, VAE_TEMPORAL = 8, 4
 DEFAULT_STEPS = 2
 NUM_TRAIN_TIMESTEPS, SHIFT = 1000, 5.0
@@ -159,17 +159,16 @@ def rollout(
     def randn() -> torch.Tensor:  # drawn on CPU: the same noise on every device
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
 
-    image = inject = None
+    image = torch.zeros(shape, device=dev)  # the clean first frame at frame 0 (used when first_frame is given)
+    inject = torch.zeros((1, 1, lt, h, w), device=dev)  # 1 where it is pinned
     if first_frame is not None:
-        image = torch.zeros(shape, device=dev)
         image[:, :, :1] = first_frame.to(dev, torch.float32)
-        inject = torch.zeros((1, 1, lt, h, w), device=dev)
         inject[:, :, 0] = 1.0
     cross = model.cross_kv(text)
     out = torch.empty((1, cfg.out_channels, lt * num_chunks, h, w), dtype=torch.float32, device=dev)
     try:
         for k in range(num_chunks):
-            pin = k == 0 and image is not None
+            pin = k == 0 and first_frame is not None
             hd = hdmap[:, :, k * lt : (k + 1) * lt].to(dev) if hdmap is not None else None
             cache.begin_chunk()
 
@@ -186,8 +185,7 @@ def rollout(
                     attention_config=attention_config,
                 )
 
-            x = randn()  # draw 1
-            x0 = None
+            x = x0 = randn()  # draw 1
             for i, (sigma, t) in enumerate(zip(sched.sigmas, sched.timesteps)):
                 if i:
                     x = (1 - sigma) * x0 + sigma * randn()  # draw 2: re-noise to the next sigma
@@ -267,7 +265,9 @@ def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Te
 # ---------------------------------------------------------------------------- sampler entry
 
 
-def sample(model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int, progress=None) -> dict:
+def sample(
+    model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int, progress=None
+) -> torch.Tensor:
     """The OmniDreams sampler: the video latent [1, 16, T, h, w] in raw Wan 2.1 space.
 
     frames: pixel frames wanted; rounded up to 8N - 3 (N chunks of 2 latent frames).

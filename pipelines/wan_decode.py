@@ -90,6 +90,7 @@ def decode_latent(vae: AutoencoderKLWan, z: torch.Tensor, progress: compat.Progr
                 progress.update(1)
     finally:
         vae.clear_cache()  # drops the per-conv feature cache even when interrupted
+    assert out is not None  # num_frames >= 1 (check_latent_tensor)
     if vae.config.patch_size is not None:
         out = unpatchify(out, patch_size=vae.config.patch_size)
     return out.clamp_(min=-1.0, max=1.0)

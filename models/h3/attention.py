@@ -17,7 +17,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor, _apply_rotary_emb
 
 from ...attention.dispatch import AttentionConfig, AttentionStats, attention, normalize_config
@@ -119,7 +118,8 @@ def _check_and_stash(state: H3AttentionState):
 
 
 @contextlib.contextmanager
-def h3_attention(transformer: torch.nn.Module, config: AttentionConfig | dict | None = None):
+def h3_attention(transformer: Any, config: AttentionConfig | dict | None = None):
+    # transformer: diffusers' MiniMaxH3Transformer3DModel (attn_processors, set_attn_processor)
     """Install our processors for the duration of a run; diffusers' originals come back afterwards."""
     state = H3AttentionState(normalize_config(config))
     original = dict(transformer.attn_processors)

@@ -17,6 +17,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
@@ -144,12 +145,12 @@ def _cast_with_islands(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
     """Non-persistent buffers are computed in __init__, so after a meta build they are empty: recompute them."""
+    cfg: Any = model.config  # a diffusers FrozenDict
     for module in model.modules():
         if isinstance(module, MiniMaxH3RotaryPosEmbed) and module.inv_freq.is_meta:
-            fresh = MiniMaxH3RotaryPosEmbed(module.rope_freq_dim, model.config.rope_theta)
+            fresh: torch.nn.Module = MiniMaxH3RotaryPosEmbed(module.rope_freq_dim, cfg.rope_theta)
             module.register_buffer("inv_freq", fresh.inv_freq, persistent=False)
         elif isinstance(module, MiniMaxH3VideoRotaryPosEmbed) and module.inv_freq.is_meta:
-            cfg = model.config
             fresh = MiniMaxH3VideoRotaryPosEmbed(
                 int(cfg.decoder_attention_head_dim * cfg.decoder_rope_dim_ratio), theta=cfg.decoder_rope_theta
             )
@@ -218,6 +219,7 @@ def _transformer_config(root: Path | None) -> dict:
 
 
 def geometry_of(transformer, vae, audio_vae) -> H3Geometry:
+    pt, ph, pw = transformer.config.patch_size
     return H3Geometry(
         spatial_ratio=int(vae.spatial_compression_ratio),
         frames_per_chunk=int(vae.config.clip_length),
@@ -225,7 +227,7 @@ def geometry_of(transformer, vae, audio_vae) -> H3Geometry:
         latent_channels=int(vae.config.latent_channels),
         audio_latent_channels=int(audio_vae.config.latent_channels),
         audio_sample_rate=int(audio_vae.config.sampling_rate),
-        patch_size=tuple(int(p) for p in transformer.config.patch_size),
+        patch_size=(int(pt), int(ph), int(pw)),
     )
 
 

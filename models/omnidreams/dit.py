@@ -267,21 +267,25 @@ class OmniDreamsDiT(nn.Module):
         self.crossattn_proj = nn.Sequential(nn.Linear(cfg.text_in_dim, cfg.text_dim, bias=True), nn.GELU())
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_blocks))
         self.final_layer = FinalLayer(cfg)
-        self._rope_memo = None  # (key, (cos, sin)) of the last chunk
+        self._rope_memo: tuple | None = None  # (key, (cos, sin)) of the last chunk
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.x_embedder.proj[1].weight.dtype
+        return self._patch_weight().dtype
 
     @property
     def device(self) -> torch.device:
-        return self.x_embedder.proj[1].weight.device
+        return self._patch_weight().device
+
+    def _patch_weight(self) -> torch.Tensor:
+        linear: nn.Linear = self.x_embedder.proj[1]  # type: ignore[assignment]  # nn.Sequential item
+        return linear.weight
 
     @torch.no_grad()
     def cross_kv(self, text: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-block cross-attention K/V of one prompt: constant for the whole rollout."""
         ctx = self.crossattn_proj(text.to(self.device, self.dtype))
-        return [block.cross_attn.key_value(ctx) for block in self.blocks]
+        return [block.cross_attn.key_value(ctx) for block in self.blocks]  # type: ignore[union-attr, operator]
 
     def embed_timestep(self, t: float, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
