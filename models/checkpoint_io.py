@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import struct
+from collections.abc import Callable
 
 import torch
 
@@ -58,6 +59,22 @@ def check_state_dict(
         + listing("wrong shape", wrong)
         + f"\n{advice}"
     )
+
+
+def build_strict(
+    make: Callable[[], torch.nn.Module],
+    state_dict: dict[str, torch.Tensor],
+    title: str,
+    advice: str,
+    error: type[Exception] = CheckpointError,
+) -> torch.nn.Module:
+    """The one strict checkpoint load: `make()` on the meta device (no random init of billions of weights), the
+    strict key/shape check with one message (`check_state_dict`), then the tensors assigned, not copied."""
+    with torch.device("meta"):
+        model = make()
+    check_state_dict(expected_shapes(model), state_dict, title, advice, error)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    return model
 
 
 def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

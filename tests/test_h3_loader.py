@@ -184,10 +184,10 @@ def test_build_model_reads_the_state_dict_once(tiny, monkeypatch):
 
     sd = {k: v.clone() for k, v in transformer.state_dict().items()}
     monkeypatch.setattr(torch.nn.Module, "state_dict", counting)
-    model = h3_loader.build_model(MiniMaxH3Transformer3DModel, dict(transformer.config), sd, torch.float32, "tiny")
+    model = h3_loader.build_component(MiniMaxH3Transformer3DModel, dict(transformer.config), sd, torch.float32, "tiny")
     assert len(calls) == 1 < len(sd)
     assert torch.equal(dict(model.named_parameters())["proj_in.weight"], transformer.proj_in.weight)
     key = "proj_in.weight"
     bad = {**sd, key: torch.zeros(3, 3)}
     with pytest.raises(H3LoadError, match=r"wrong shape \(1\): proj_in.weight \(3, 3\) \(expected \(\d+, \d+\)\)"):
-        h3_loader.build_model(MiniMaxH3Transformer3DModel, dict(transformer.config), bad, torch.float32, "tiny")
+        h3_loader.build_component(MiniMaxH3Transformer3DModel, dict(transformer.config), bad, torch.float32, "tiny")

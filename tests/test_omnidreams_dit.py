@@ -289,10 +289,10 @@ def test_forward_matches_spec_reference():
     from support.omnidreams_tiny import stored_state_dict
 
     from omnivideo.models.omnidreams.kv_cache import RollingKVCache
-    from omnivideo.models.omnidreams.loader import build_model
+    from omnivideo.models.omnidreams.loader import build_dit
 
     stored = stored_state_dict(TINY, seed=5)
-    model = build_model(stored, torch.float32, torch.device("cpu"))
+    model = build_dit(stored, torch.float32, torch.device("cpu"))
     ref = SpecReferenceDiT(stored, TINY)
     g = torch.Generator().manual_seed(0)
     T, H, W = 2, 4, 6

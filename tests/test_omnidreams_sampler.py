@@ -11,7 +11,7 @@ from support.omnidreams_tiny import TINY, stored_state_dict
 from omnivideo.models.handles import OmniDreamsConditioning, OmniDreamsModel
 from omnivideo.models.omnidreams import dit as omnidreams_dit
 from omnivideo.models.omnidreams.kv_cache import RollingKVCache
-from omnivideo.models.omnidreams.loader import build_model
+from omnivideo.models.omnidreams.loader import build_dit
 from omnivideo.pipelines import omnidreams as pipe
 
 H, W = 4, 6  # latent size: 2x3 tokens per frame with the 2x2 patch
@@ -22,7 +22,7 @@ CHUNK_TOKENS = 2 * FRAME_TOKENS
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    return build_model(stored_state_dict(TINY, seed=1), torch.float32, torch.device("cpu"))
+    return build_dit(stored_state_dict(TINY, seed=1), torch.float32, torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")

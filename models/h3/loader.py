@@ -28,9 +28,8 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Rotary
 from ...backends import resolve_dtype
 from ..checkpoint_io import (
     CheckpointError,
+    build_strict,
     check_safetensors,
-    check_state_dict,
-    expected_shapes,
     read_json,
     read_safetensors,
 )
@@ -163,17 +162,14 @@ def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
         )
 
 
-def build_model(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
-    with torch.device("meta"):
-        model = cls.from_config(config)
-    check_state_dict(
-        expected_shapes(model),
+def build_component(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
+    model = build_strict(
+        lambda: cls.from_config(config),
         state_dict,
         f"{source} does not fit {cls.__name__} with its config",
         "Check that config.json belongs to these weights.",
         H3LoadError,
     )
-    model.load_state_dict(state_dict, strict=True, assign=True)
     _rebuild_computed_buffers(model)
     _cast_with_islands(model, dtype)
     return model.eval().requires_grad_(False)
@@ -184,7 +180,7 @@ def load_component(root: Path, sub: str, dtype: torch.dtype):
     files = _weight_files(root / sub)
     if not files:
         raise H3LoadError(f"{root / sub} has no *.safetensors weights.")
-    return build_model(CLASSES[sub], config, _read_state_dict(files), dtype, str(root / sub))
+    return build_component(CLASSES[sub], config, _read_state_dict(files), dtype, str(root / sub))
 
 
 def convert_single_file(path: str | os.PathLike, config: dict) -> dict[str, torch.Tensor]:
@@ -271,7 +267,7 @@ def load_h3(
         check_safetensors(str(file))
     if transformer_file is not None:
         config = _transformer_config(root)
-        transformer = build_model(
+        transformer = build_component(
             MiniMaxH3Transformer3DModel,
             config,
             convert_single_file(transformer_file, config),

@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from ..checkpoint_io import CheckpointError, check_state_dict, expected_shapes, read_safetensors, read_torch_file
+from ..checkpoint_io import CheckpointError, build_strict, read_safetensors, read_torch_file
 from .dit import OmniDreamsConfig, OmniDreamsDiT
 
 PREFIX = "net."
@@ -107,29 +107,20 @@ def fuse_state_dict(sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig, name: st
     return out
 
 
-def validate_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module, name: str = "checkpoint") -> None:
-    """Every key present, nothing extra, every shape right; otherwise one error naming them."""
-    check_state_dict(
-        expected_shapes(model),
-        sd,
-        f"{name} does not match the OmniDreams DiT inferred from its shapes",
-        "Use the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused.",
-    )
-
-
-def build_model(
+def build_dit(
     sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, name: str = "checkpoint"
 ) -> OmniDreamsDiT:
     """Stored-layout state dict -> an eval-mode DiT on `device` in `dtype`."""
     cfg = infer_config(sd, name)
-    fused = fuse_state_dict(sd, cfg, name)
-    with torch.device("meta"):
-        model = OmniDreamsDiT(cfg)
-    validate_state_dict(fused, model, name)
-    fused = {k: v.to(device=device, dtype=dtype) for k, v in fused.items()}
-    model.load_state_dict(fused, strict=True, assign=True)
+    fused = {k: v.to(device=device, dtype=dtype) for k, v in fuse_state_dict(sd, cfg, name).items()}
+    model = build_strict(
+        lambda: OmniDreamsDiT(cfg),
+        fused,
+        f"{name} does not match the OmniDreams DiT inferred from its shapes",
+        "Use the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused.",
+    )
     return model.eval().requires_grad_(False)
 
 
 def load_omnidreams(path: str, dtype: torch.dtype, device: torch.device) -> OmniDreamsDiT:
-    return build_model(read_state_dict(path), dtype, device, os.path.basename(path))
+    return build_dit(read_state_dict(path), dtype, device, os.path.basename(path))

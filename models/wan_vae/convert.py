@@ -22,7 +22,7 @@ import re
 
 import torch
 
-from ..checkpoint_io import check_state_dict, expected_shapes
+from ..checkpoint_io import build_strict
 
 # --------------------------------------------------------------------------------------
 # Released configs (no hub access: written out here)
@@ -402,25 +402,21 @@ def build_diffusers_wan_vae(state_dict, dtype=None, device=None, source: str = "
     from diffusers import AutoencoderKLWan
 
     converted, config, version = convert_wan_state_dict(state_dict, source)
-    # Build on the meta device (no random init of ~1e8 parameters) and assign the weights.
-    with torch.device("meta"):
-        model = AutoencoderKLWan(**config)
-    geometry = {k: config[k] for k in ("base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks")}
-    check_state_dict(
-        expected_shapes(model),
-        converted,
-        f"{source} looks like a Wan {version} VAE ({geometry}) but does not load into diffusers' AutoencoderKLWan "
-        "(keys in diffusers names)",
-        f"Use an unmodified {EXPECTED_FILES}.",
-        WanVAEConversionError,
-    )
     if dtype is None:
         dtype = next(v.dtype for v in converted.values() if v.is_floating_point())
     if device is None:
         device = next(iter(converted.values())).device
     # copy=True: never share storage with ComfyUI's own model, which it moves and patches.
     weights = {k: v.to(device=device, dtype=dtype, copy=True) for k, v in converted.items()}
-    model.load_state_dict(weights, strict=True, assign=True)
+    geometry = {k: config[k] for k in ("base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks")}
+    model = build_strict(
+        lambda: AutoencoderKLWan(**config),
+        weights,
+        f"{source} looks like a Wan {version} VAE ({geometry}) but does not load into diffusers' AutoencoderKLWan "
+        "(keys in diffusers names)",
+        f"Use an unmodified {EXPECTED_FILES}.",
+        WanVAEConversionError,
+    )
     left_on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left_on_meta:  # would mean diffusers grew state that the file does not carry
         raise WanVAEConversionError(f"tensors not loaded from {source}: {left_on_meta[:10]}")
