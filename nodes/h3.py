@@ -14,9 +14,9 @@ from ..models.h3.text import (
     embedding_problem,
     encode_prompt,
     encoder_folder_problem,
-    load_embeddings,
+    load_embedding,
     load_text_encoder,
-    save_embeddings,
+    save_embedding,
     vision_rows,
 )
 from ..models.handles import H3Conditioning
@@ -225,7 +225,7 @@ class OmniVideoH3TextEncode(io.ComfyNode):
         if save:
             safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
         if embedding_file:
-            embeds, tags = load_embeddings(_embedding_file(embedding_file))
+            embeds, tags = load_embedding(_embedding_file(embedding_file))
         else:
             if not isinstance(text_encoder, H3TextEncoder):
                 raise ValueError(
@@ -246,7 +246,7 @@ class OmniVideoH3TextEncode(io.ComfyNode):
         if save:
             count = len(keyframes["anchors"]) if keyframes else 0
             path = safe_paths.write_output_file(
-                save_as, ".safetensors", lambda tmp: save_embeddings(tmp, embeds, tags, keyframes=count)
+                save_as, ".safetensors", lambda tmp: save_embedding(tmp, embeds, tags, keyframes=count)
             )
             compat.log.info("OmniVideo H3: saved the prompt embedding to %s", path)
         attached = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")} if keyframes else None

@@ -12,7 +12,7 @@ from support.h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 
 from omnivideo.models.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
 from omnivideo.models.h3.loader import H3LoadError, load_h3
-from omnivideo.models.h3.text import H3TextEncoder, encode_prompt, load_embeddings, save_embeddings
+from omnivideo.models.h3.text import H3TextEncoder, encode_prompt, load_embedding, save_embedding
 
 CPU = torch.device("cpu")
 
@@ -147,12 +147,12 @@ def test_text_encoding_matches_diffusers(tiny_qwen, monkeypatch, with_keyframes)
 
 def test_embeddings_roundtrip_and_errors(tmp_path):
     emb, tags = torch.randn(1, 5, 40), torch.tensor([1, 1, 0, 0, 1])
-    path = save_embeddings(tmp_path / "e", emb, tags)
-    e2, t2 = load_embeddings(path)
+    path = save_embedding(str(tmp_path / "e.safetensors"), emb, tags)
+    e2, t2 = load_embedding(path)
     assert torch.equal(e2, emb) and torch.equal(t2, tags)
     save_file({"other": emb}, str(tmp_path / "x.safetensors"))
     with pytest.raises(ValueError, match="no 'prompt_embeds'"):
-        load_embeddings(tmp_path / "x.safetensors")
+        load_embedding(tmp_path / "x.safetensors")
 
 
 def test_text_encoder_folder_loads_and_checks_layer(tmp_path):

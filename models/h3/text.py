@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
-from safetensors.torch import save_file
 
-from ..checkpoint_io import read_json, read_safetensors, safetensors_keys
+from ..checkpoint_io import read_json
+from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
-EMBED_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
+EMBEDDING_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
 VISION_TAG = MINIMAX_H3_VIDEO_TAG  # the row tag of keyframe vision-block tokens (diffusers' video tag)
 MODEL_TYPE = "qwen3_vl"
 
@@ -124,37 +124,27 @@ def encode_prompt(
     return embeds.cpu(), torch.tensor(tags, dtype=torch.long)
 
 
-def save_embeddings(path: str, embeds: torch.Tensor, tags: torch.Tensor, **meta) -> str:
-    """Write an H3 embedding to `path` (callers choose a path that replaces nothing: safe_paths.write_output_file)."""
-    save_file(
-        {EMBED_KEY: embeds.contiguous().cpu(), TAGS_KEY: tags.contiguous().cpu()},
-        str(path),
-        metadata={"omnivideo": "h3_text", **{k: str(v) for k, v in meta.items()}},
-    )
-    return str(path)
+MADE_BY = "OmniVideo H3 Text Encode"
+
+
+def save_embedding(path: str, embeds: torch.Tensor, tags: torch.Tensor, **meta) -> str:
+    return save_embedding_file(path, {EMBEDDING_KEY: embeds, TAGS_KEY: tags}, {"omnivideo": "h3_text", **meta})
 
 
 def embedding_problem(path: str) -> str | None:
-    """None when `path` holds an H3 prompt embedding (header only), else why not."""
-    if EMBED_KEY not in safetensors_keys(path):
-        return (
-            f"it holds no '{EMBED_KEY}' tensor, so it is not an H3 prompt embedding; make one with "
-            "OmniVideo H3 Text Encode's save_as"
-        )
-    return None
+    return embedding_file_problem(path, EMBEDDING_KEY, "H3", MADE_BY)
 
 
-def load_embeddings(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+def load_embedding(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embedding [1, N, D], row tags [N]) from `save_embedding` (tags default to text rows)."""
     name = os.path.basename(str(path))
-    sd = read_safetensors(str(path))
-    if EMBED_KEY not in sd:
-        raise ValueError(f"{name} has no '{EMBED_KEY}' tensor; save H3 embeddings with OmniVideo H3 Text Encode.")
-    emb = sd[EMBED_KEY]
+    tensors = read_embedding_file(str(path), EMBEDDING_KEY, MADE_BY)
+    emb = tensors[EMBEDDING_KEY]
     if emb.ndim == 2:
         emb = emb[None]
     if emb.ndim != 3 or emb.shape[0] != 1:
-        raise ValueError(f"{name}: '{EMBED_KEY}' must be [1, N, D], got {list(emb.shape)}.")
-    tags = sd.get(TAGS_KEY)
+        raise ValueError(f"{name}: '{EMBEDDING_KEY}' must be [1, N, D], got {list(emb.shape)}.")
+    tags = tensors.get(TAGS_KEY)
     if tags is None:
         tags = torch.full((emb.shape[1],), MINIMAX_H3_TEXT_TAG, dtype=torch.long)
     if tags.numel() != emb.shape[1]:

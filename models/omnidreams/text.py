@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ... import compat
-from ..checkpoint_io import read_json, read_safetensors, safetensors_keys
+from ..checkpoint_io import read_json
+from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
 MAX_TOKENS = 512
@@ -94,41 +95,24 @@ def encode_prompt(encoder: TextEncoder, prompt: str) -> torch.Tensor:
         compat.free_memory()
 
 
-def save_embedding(path: str, embedding: torch.Tensor, prompt: str) -> str:
-    """Write `embedding` to `path` (callers choose a path that replaces nothing: safe_paths.write_output_file)."""
-    from safetensors.torch import save_file
+MADE_BY = "OmniDreams Text Encode"
 
-    save_file(
-        {EMBEDDING_KEY: embedding.detach().float().contiguous().cpu()},
-        path,
-        metadata={"format": EMBEDDING_FORMAT, "prompt": prompt},
-    )
-    return path
+
+def save_embedding(path: str, embedding: torch.Tensor, prompt: str) -> str:
+    return save_embedding_file(path, {EMBEDDING_KEY: embedding.float()}, {"format": EMBEDDING_FORMAT, "prompt": prompt})
 
 
 def embedding_problem(path: str) -> str | None:
-    """None when `path` holds an OmniDreams prompt embedding (header only), else why not."""
-    if EMBEDDING_KEY not in safetensors_keys(path):
-        return (
-            f"it holds no '{EMBEDDING_KEY}' tensor, so it is not an OmniDreams prompt embedding; make one "
-            "with OmniDreams Text Encode's save_as"
-        )
-    return None
+    return embedding_file_problem(path, EMBEDDING_KEY, "OmniDreams", MADE_BY)
 
 
 def load_embedding(path: str) -> torch.Tensor:
-    """A precomputed embedding from `save_embedding` (or any file with that one key) -> [1, 512, D]."""
-    name = os.path.basename(path)
-    sd = read_safetensors(path)
-    if EMBEDDING_KEY not in sd:
-        raise ValueError(
-            f"{name} holds no '{EMBEDDING_KEY}' tensor (keys: {', '.join(list(sd)[:5])}"
-            f"{', ...' if len(sd) > 5 else ''}). Make it with the OmniDreams Text Encode node's "
-            f"save_as option."
-        )
-    emb = sd[EMBEDDING_KEY]
+    """A precomputed embedding from `save_embedding` (or any file with that key) -> [1, 512, D] float32."""
+    emb = read_embedding_file(path, EMBEDDING_KEY, MADE_BY)[EMBEDDING_KEY]
     if emb.dim() == 2:
         emb = emb[None]
     if emb.dim() != 3 or emb.shape[0] != 1 or emb.shape[1] != MAX_TOKENS:
-        raise ValueError(f"{name}: embedding has shape {tuple(emb.shape)}, expected [1, {MAX_TOKENS}, D]")
+        raise ValueError(
+            f"{os.path.basename(path)}: embedding has shape {tuple(emb.shape)}, expected [1, {MAX_TOKENS}, D]"
+        )
     return emb.float()
