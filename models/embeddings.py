@@ -25,8 +25,10 @@ def save_embedding_file(path: str, tensors: dict[str, torch.Tensor], metadata: d
 def embedding_file_problem(path: str, key: str, family: str, made_by: str) -> str | None:
     """None when `path` holds a `family` prompt embedding (reads the header only), else why not."""
     if key not in safetensors_keys(path):
+        article = "an" if family[:1] in "AEIOUH" else "a"  # an OmniDreams, an H3
         return (
-            f"it holds no '{key}' tensor, so it is not a {family} prompt embedding; make one with {made_by}'s save_as"
+            f"it holds no '{key}' tensor, so it is not {article} {family} prompt embedding; make one with "
+            f"{made_by}'s save_as"
         )
     return None
 
