@@ -12,6 +12,7 @@ import os
 import pickle
 import struct
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -61,13 +62,16 @@ def check_state_dict(
     )
 
 
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
+
 def build_strict(
-    make: Callable[[], torch.nn.Module],
+    make: Callable[[], ModuleT],
     state_dict: dict[str, torch.Tensor],
     title: str,
     advice: str,
     error: type[Exception] = CheckpointError,
-) -> torch.nn.Module:
+) -> ModuleT:
     """The one strict checkpoint load: `make()` on the meta device (no random init of billions of weights), the
     strict key/shape check with one message (`check_state_dict`), then the tensors assigned, not copied."""
     with torch.device("meta"):
