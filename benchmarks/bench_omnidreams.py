@@ -120,7 +120,7 @@ def run_config(args) -> dict:
             latent_hw=(h, w),
             seed=42,
             first_frame=first,
-            progress=ChunkTimer(args.chunks),
+            bar=ChunkTimer(args.chunks),
         )
         cache_bytes["kv"] = Measured.nbytes_seen
         per_chunk = [b - a for a, b in zip(marks, marks[1:])]

@@ -129,12 +129,14 @@ def rollout(
     hdmap: torch.Tensor | None = None,
     settings: ARSettings = ARSettings(),
     attention_config: dict | None = None,
-    progress=None,
+    bar=None,
 ) -> torch.Tensor:
     """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
 
     first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
     hdmap: normalised HD-map latent [1,16,>=len_t*N,h,w] (None: zeros).
+    bar: a progress bar (update(1) after each chunk; also a cancel point). Everywhere else `progress` is the
+    factory that makes one (progress(total) -> bar).
     """
     cfg, dev = model.config, model.device
     h, w = latent_hw
@@ -199,8 +201,8 @@ def rollout(
                 xc = _pin_context(xc, image, inject)
             dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
             out[:, :, k * lt : (k + 1) * lt] = x0
-            if progress is not None:
-                progress.update(1)
+            if bar is not None:
+                bar.update(1)
     finally:
         cache.free()  # also on interrupt: the window is GBs at 704x1280
     return out
@@ -321,7 +323,7 @@ def sample(
             hdmap=hdmap,
             settings=settings,
             attention_config=model.attention,
-            progress=bar,
+            bar=bar,
         )
         z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
     finally:

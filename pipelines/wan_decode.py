@@ -24,7 +24,7 @@ FUSION_CHOICES = {"auto": "auto", "triton": "triton", "torch": "torch_fused", "o
 
 
 def select_fusion(vae: AutoencoderKLWan, fusion: str = "auto") -> str:
-    """Install the fused decoder the registry resolves for `fusion`; returns the level used."""
+    """Install the fused decoder the registry resolves for `fusion`; returns the implementation used."""
     if fusion not in FUSION_CHOICES:
         raise ValueError(f"fusion must be one of {', '.join(FUSION_CHOICES)}, got {fusion!r}")
     chosen = resolve("wan_vae", FUSION_CHOICES[fusion])

@@ -8,10 +8,10 @@ from support.wan_vae_fixtures import CONFIGS, tiny_from_config, tiny_latent, tin
 
 from omnivideo import compat
 from omnivideo.backends import resolve
-from omnivideo.models.wan_vae.fused import install_fused_decoder, installed_level
+from omnivideo.models.wan_vae.fused import install_fused_decoder, installed_fusion
 from omnivideo.pipelines.wan_decode import decode_latent, select_fusion, validate_latent
 
-LEVELS = ["reference", "torch_fused", "triton"]
+FUSIONS = ["reference", "torch_fused", "triton"]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton: GPU, else the interpreter
 
 
@@ -57,7 +57,7 @@ class CountingOps:
         return self.ops.supports(device)
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", FUSIONS)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncdhw", "cl3d"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("version", ["2.1", "2.2"])
@@ -88,7 +88,7 @@ def test_install_is_idempotent_and_keeps_state_dict():
     _install(vae, "torch_fused")
     again = {name: m.forward for name, m in vae.decoder.named_modules() if "forward" in m.__dict__}
     assert forwards and forwards.keys() == again.keys()
-    assert installed_level(vae) == "torch_fused"
+    assert installed_fusion(vae) == "torch_fused"
     sd = vae.state_dict()
     assert sd.keys() == keys.keys() and all(torch.equal(sd[k], keys[k]) for k in keys)
     _install(vae, "reference")  # restores diffusers' class forwards

@@ -29,7 +29,7 @@ from diffusers.models.autoencoders import autoencoder_kl_wan as dwan
 from ...kernels.wan_vae_torch import memory_format_of
 
 CACHE_T = dwan.CACHE_T
-LEVELS = ("reference", "torch_fused", "triton")
+FUSIONS = ("reference", "torch_fused", "triton")  # the wan_vae implementations of the registry
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -152,27 +152,27 @@ def _fast_forward(module: nn.Module):
     return _FAST_FORWARDS.get(type(module))
 
 
-def install_fused_decoder(vae: dwan.AutoencoderKLWan, level: str, ops=None) -> None:
-    """Route `vae.decoder` through the fused ops of `level` ('reference' restores diffusers).
+def install_fused_decoder(vae: dwan.AutoencoderKLWan, fusion: str, ops=None) -> None:
+    """Route `vae.decoder` through the fused ops of `fusion` ('reference' restores diffusers).
 
     `ops` is the loaded implementation module (from the backend registry); idempotent.
     """
-    if level not in LEVELS:
-        raise ValueError(f"unknown fusion level {level!r}; expected one of {', '.join(LEVELS)}")
-    if level != "reference" and ops is None:
-        raise ValueError(f"fusion level {level!r} needs its ops module")
+    if fusion not in FUSIONS:
+        raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
+    if fusion != "reference" and ops is None:
+        raise ValueError(f"fusion {fusion!r} needs its ops module")
     for module in vae.decoder.modules():
         fast = _fast_forward(module)
         if fast is None:
             continue
-        if level == "reference":
+        if fusion == "reference":
             module.__dict__.pop("forward", None)
             module.__dict__.pop("_omnivideo_ops", None)
         else:
             module.forward = types.MethodType(fast, module)
             module._omnivideo_ops = ops
-    vae._omnivideo_fusion = level
+    vae._omnivideo_fusion = fusion
 
 
-def installed_level(vae: dwan.AutoencoderKLWan) -> str:
+def installed_fusion(vae: dwan.AutoencoderKLWan) -> str:
     return getattr(vae, "_omnivideo_fusion", "reference")
