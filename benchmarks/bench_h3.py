@@ -68,7 +68,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from support.h3_tiny import TRANSFORMER, make_models  # the tiny VAEs are enough: the benchmark stops at latents
 
-    from omnivideo.attention.dispatch import AttentionConfig
+    from omnivideo.attention.config import AttentionConfig
     from omnivideo.backends import PLATFORM
     from omnivideo.models.h3.loader import geometry_of, latent_norm_of
     from omnivideo.models.handles import H3Conditioning, H3Model

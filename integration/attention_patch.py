@@ -20,7 +20,8 @@ import math
 
 import torch
 
-from ..attention.dispatch import AttentionConfig, AttentionStats, attention, dense_reason, log_dense_once
+from ..attention.config import AttentionConfig
+from ..attention.dispatch import AttentionStats, attention, dense_reason, log_dense_once
 from ..attention.layout import AttnLayout
 
 log = logging.getLogger("omnivideo")

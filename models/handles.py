@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from ..attention.dispatch import AttentionConfig
+    from ..attention.config import AttentionConfig
     from .h3.geometry import H3Geometry
 
 FAMILIES = ("omnidreams", "h3")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from .. import compat
-from ..attention.dispatch import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers, validate
+from ..attention.config import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers, validate
 from ..compat import io
 from ..integration.attention_patch import NativeAttentionPatch
 from .types import AttentionType

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omnivideo.attention import config as C
 from omnivideo.attention import dispatch as A
 from omnivideo.attention.layout import AttnLayout
 from omnivideo.attention.torch_impl import rainfusion_reference
@@ -27,10 +28,10 @@ def dense(q, k, v):
 
 
 def test_parse_skip_layers():
-    parsed = A.parse_skip_layers("0-3,38")
+    parsed = C.parse_skip_layers("0-3,38")
     assert [i for i in range(50) if i in parsed] == [0, 1, 2, 3, 38]
-    assert [i for i in range(10) if i in A.parse_skip_layers(" 5 , 7-7 ,")] == [5, 7]
-    assert not any(i in A.parse_skip_layers("") for i in range(100))
+    assert [i for i in range(10) if i in C.parse_skip_layers(" 5 , 7-7 ,")] == [5, 7]
+    assert not any(i in C.parse_skip_layers("") for i in range(100))
     for bad, msg in [
         ("a", "not a layer index"),
         ("3-1", "runs backwards"),
@@ -40,26 +41,26 @@ def test_parse_skip_layers():
         ("1," * 600, "characters long"),
     ]:
         with pytest.raises(ValueError, match=msg):
-            A.parse_skip_layers(bad)
+            C.parse_skip_layers(bad)
 
 
 def test_validate_messages():
-    assert A.validate("rainfusion", 0.8, 0, "0-3,38", 128, CPU) is None
-    assert "sparsity 1.2 is out of range" in A.validate("rainfusion", 1.2, 0, "", 128, CPU)
-    assert "out of range" in A.validate("rainfusion", -0.1, 0, "", 128, CPU)
-    assert "skip_layers" in A.validate("rainfusion", 0.8, 0, "0-x", 128, CPU)
-    assert "power of two" in A.validate("rainfusion", 0.8, 0, "", 96, CPU)
-    assert "start_step" in A.validate("rainfusion", 0.8, -1, "", 128, CPU)
-    assert "unknown" in A.validate("magic", 0.8, 0, "", 128, CPU)
+    assert C.validate("rainfusion", 0.8, 0, "0-3,38", 128, CPU) is None
+    assert "sparsity 1.2 is out of range" in C.validate("rainfusion", 1.2, 0, "", 128, CPU)
+    assert "out of range" in C.validate("rainfusion", -0.1, 0, "", 128, CPU)
+    assert "skip_layers" in C.validate("rainfusion", 0.8, 0, "0-x", 128, CPU)
+    assert "power of two" in C.validate("rainfusion", 0.8, 0, "", 96, CPU)
+    assert "start_step" in C.validate("rainfusion", 0.8, -1, "", 128, CPU)
+    assert "unknown" in C.validate("magic", 0.8, 0, "", 128, CPU)
     with pytest.raises(ValueError, match="sparsity 0.99"):
-        A.AttentionConfig("rainfusion", sparsity=0.99)
+        C.AttentionConfig("rainfusion", sparsity=0.99)
 
 
 def test_dense_backends_equal_sdpa():
     q, k, v = qkv()
     for backend in ("auto", "sdpa", "flash_varlen"):
         torch.testing.assert_close(
-            A.attention(q, k, v, A.AttentionConfig(backend)), dense(q, k, v), atol=1e-6, rtol=1e-5
+            A.attention(q, k, v, C.AttentionConfig(backend)), dense(q, k, v), atol=1e-6, rtol=1e-5
         )
     assert A.dense_backend(None, CPU)[0] == "flash_varlen"  # auto: fastest exact on CPU
     with pytest.raises(ValueError, match=r"\[B, S, H, D\]"):
@@ -77,7 +78,7 @@ def test_sparse_auto_resolution_on_cpu():
 def test_sparse_call_matches_reference_and_reports_sparsity(backend):
     q, k, v = qkv()
     layout = AttnLayout(PREFIX, GRID)
-    cfg = A.AttentionConfig(backend, sparsity=0.8, block_size=32, min_video_blocks=4)
+    cfg = C.AttentionConfig(backend, sparsity=0.8, block_size=32, min_video_blocks=4)
     stats = A.AttentionStats()
     out = A.attention(q, k, v, cfg, layout=layout, step=3, layer=1, stats=stats)
     info = {}
@@ -92,7 +93,7 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
     forget()
     q, k, v = qkv()
     layout = AttnLayout(PREFIX, GRID)
-    cfg = A.AttentionConfig(
+    cfg = C.AttentionConfig(
         "rainfusion", sparsity=0.8, start_step=2, skip_layers="0-1,5", block_size=32, min_video_blocks=4
     )
     stats = A.AttentionStats()
@@ -104,7 +105,7 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
             A.attention(q, k, v, cfg, layout=layout, step=4, layer=5, stats=stats)  # skip_layers
             A.attention(q, k, v, cfg, layout=None, step=4, layer=2, stats=stats)  # no layout
             A.attention(q, k, v, cfg, layout=AttnLayout(0, GRID), step=4, layer=2, stats=stats)  # inconsistent
-            A.attention(q, k, v, A.AttentionConfig("rainfusion", block_size=32), layout=layout, stats=stats)  # short
+            A.attention(q, k, v, C.AttentionConfig("rainfusion", block_size=32), layout=layout, stats=stats)  # short
     assert stats.sparse_calls == 0
     assert stats.dense_calls == {
         "warm-up": 3,
@@ -124,7 +125,7 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
 def test_packed_sequence_runs_sparse_on_real_rows():
     q, k, v = qkv(s=PREFIX + 768 + 40)
     layout = AttnLayout(PREFIX, GRID, kv_lengths=(PREFIX + 768,))
-    cfg = A.AttentionConfig("torch_block_sparse", sparsity=0.8, block_size=32, min_video_blocks=4)
+    cfg = C.AttentionConfig("torch_block_sparse", sparsity=0.8, block_size=32, min_video_blocks=4)
     out = A.attention(q, k, v, cfg, layout=layout)
     real = slice(0, PREFIX + 768)
     ref = rainfusion_reference(
@@ -135,7 +136,7 @@ def test_packed_sequence_runs_sparse_on_real_rows():
 
 def test_video_must_be_the_tail_of_the_real_rows():
     q, k, v = qkv()
-    why = A.dense_reason(A.AttentionConfig("rainfusion", min_video_blocks=1), q, k, AttnLayout(8, GRID), None, None)
+    why = A.dense_reason(C.AttentionConfig("rainfusion", min_video_blocks=1), q, k, AttnLayout(8, GRID), None, None)
     assert why[0] == "layout inconsistent" and "tail" in why[1]
     assert math.prod(GRID) + PREFIX == q.shape[1]
     assert PLATFORM.name in ("cpu", "cuda", "npu")
@@ -144,19 +145,19 @@ def test_video_must_be_the_tail_of_the_real_rows():
 def test_unconnected_attention_is_the_same_default_for_every_family():
     from omnivideo.models.h3 import attention as h3_attention
 
-    assert h3_attention.normalize_config is A.normalize_config  # one normaliser, used by H3 and OmniDreams
-    assert A.normalize_config(None) == A.AttentionConfig() and A.AttentionConfig().backend == "auto"
-    cfg = A.AttentionConfig("rainfusion", sparsity=0.5)
-    assert A.normalize_config(cfg) is cfg
-    assert A.normalize_config({"backend": "rainfusion", "sparsity": 0.5}) == cfg
+    assert h3_attention.normalize_config is C.normalize_config  # one normaliser, used by H3 and OmniDreams
+    assert C.normalize_config(None) == C.AttentionConfig() and C.AttentionConfig().backend == "auto"
+    cfg = C.AttentionConfig("rainfusion", sparsity=0.5)
+    assert C.normalize_config(cfg) is cfg
+    assert C.normalize_config({"backend": "rainfusion", "sparsity": 0.5}) == cfg
     with pytest.raises(TypeError, match="AttentionConfig"):
-        A.normalize_config("sdpa")
+        C.normalize_config("sdpa")
     q, k, v = qkv()
     # None and a plain dict go through the same path as the config object (a dict used to crash on .is_sparse)
-    torch.testing.assert_close(A.attention(q, k, v, None), A.attention(q, k, v, A.AttentionConfig()))
+    torch.testing.assert_close(A.attention(q, k, v, None), A.attention(q, k, v, C.AttentionConfig()))
     torch.testing.assert_close(A.attention(q, k, v, {"backend": "sdpa"}), dense(q, k, v), atol=1e-6, rtol=1e-5)
     # the H3 text refiner follows the same default (used to be pinned to sdpa)
-    state = h3_attention.H3AttentionState(A.normalize_config(None))
+    state = h3_attention.H3AttentionState(C.normalize_config(None))
     assert state.config.backend == "auto" and state.refiner_config.backend == "auto"
 
 
@@ -168,8 +169,8 @@ def test_npu_block_size_rule_lives_in_the_backends():
     npu = Platform("npu", torch.device("cpu"), "test")
     assert block_size_error(npu, 128) is None and block_size_error(CPU, 64) is None
     assert "Ascend NPU" in block_size_error(npu, 64)
-    assert "Ascend NPU" in A.validate("rainfusion", 0.8, 0, "", 64, npu)  # validate still reports it
-    assert A.validate("rainfusion", 0.8, 0, "", 64, CPU) is None
+    assert "Ascend NPU" in C.validate("rainfusion", 0.8, 0, "", 64, npu)  # validate still reports it
+    assert C.validate("rainfusion", 0.8, 0, "", 64, CPU) is None
     assert '"npu"' not in inspect.getsource(A)  # the pipeline does not know devices
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnivideo.attention.dispatch import AttentionConfig
+from omnivideo.attention.config import AttentionConfig
 from omnivideo.attention.layout import AttnLayout
 from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.integration.attention_patch import patch_grid, sampling_step

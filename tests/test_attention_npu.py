@@ -10,7 +10,8 @@ import types
 import pytest
 import torch
 
-from omnivideo.attention.dispatch import AttentionConfig, AttentionStats, attention, validate
+from omnivideo.attention.config import AttentionConfig, validate
+from omnivideo.attention.dispatch import AttentionStats, attention
 from omnivideo.attention.layout import AttnLayout
 from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.backends import backend_report, detect, resolve

@@ -7,7 +7,7 @@ import pytest
 import torch
 from support.h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
-from omnivideo.attention.dispatch import AttentionConfig
+from omnivideo.attention.config import AttentionConfig
 from omnivideo.models.h3.attention import h3_attention
 from omnivideo.models.h3.loader import geometry_of, latent_norm_of
 from omnivideo.models.handles import H3Conditioning, H3Model

@@ -107,7 +107,7 @@ def test_schedule_numbers():
 
 
 def test_attention_with_a_longer_cached_window_is_plain_softmax():
-    from omnivideo.attention.dispatch import AttentionConfig
+    from omnivideo.attention.config import AttentionConfig
     from omnivideo.models.omnidreams.dit import _attention
 
     g = torch.Generator().manual_seed(0)

@@ -19,7 +19,8 @@ from typing import Any
 
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor, _apply_rotary_emb
 
-from ...attention.dispatch import AttentionConfig, AttentionStats, attention, normalize_config
+from ...attention.config import AttentionConfig, normalize_config
+from ...attention.dispatch import AttentionStats, attention
 from ...attention.layout import AttnLayout
 from ...attention.registrations import packed_names
 

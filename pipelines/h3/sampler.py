@@ -16,7 +16,7 @@ from diffusers import MiniMaxH3Scheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from ... import compat
-from ...attention.dispatch import normalize_config
+from ...attention.config import normalize_config
 from ...models.h3.attention import h3_attention, uses_packing
 from ...models.h3.geometry import AUDIO_CHANNELS, H3Geometry, resolve_shape
 from ...models.handles import H3Conditioning, H3Model, check_family
