@@ -21,7 +21,7 @@ import comfy.ops  # noqa: E402
 import comfy.sample  # noqa: E402
 import comfy.sd  # noqa: E402
 
-from omnivideo.attention.config import AttentionConfig
+from omnivideo.attention.config import AttentionConfig  # noqa: E402
 from omnivideo.nodes.attention import OmniVideoPatchModelAttention  # noqa: E402
 
 
