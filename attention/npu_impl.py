@@ -6,7 +6,7 @@ Thin wrappers that translate our [B, S, H, D] + layout call into MindIE's contra
 - laser (`MINDIE_SD_FA_TYPE=ascend_laser_attention`): `attention_forward` in BNSD on K/V
   sliced to the real rows, with q,k,v pre-divided by 256 because the laser kernel keeps
   QK^T in fp16 (scale x 256^2, output x 256: exact, powers of two);
-- RainFusion: our rf_v2 plan (kernels/rainfusion.py, the one every device runs) executed by MindIE's
+- RainFusion: our rf_v2 plan (attention/rainfusion.py, the one every device runs) executed by MindIE's
   `rain_fusion_attention` kernel with our block tables, one batch element per call (the kernel takes one
   table per call). MindIE's own `sparse_attention` would select blocks by slightly different rules.
 If the packed contract fails, the padding mask is rebuilt from the valid lengths (O(B*S));

@@ -103,7 +103,7 @@ def keep_count(n_blocks: int, sparsity: float) -> int:
 
     MindIE-SD computes it in binary floating point, where 10 * (1 - 0.7) is 3.0000000000000004 and keeps 4
     of 10 blocks (nb a multiple of 10 at 0.7, of 20 at 0.85 or 0.95); we keep exactly 3, and the NPU path
-    runs this plan too (kernels/attention_npu.py), so every device selects the same blocks."""
+    runs this plan too (attention/npu_impl.py), so every device selects the same blocks."""
     # the sparsity as the decimal the user typed (6 places: a widget may send 0.7000000000000001)
     keep = Fraction(n_blocks) * (1 - Fraction(str(round(float(sparsity), 6))))
     return max(1, min(n_blocks, math.ceil(keep)))

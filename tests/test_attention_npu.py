@@ -225,7 +225,7 @@ def test_contract_failure_rebuilds_mask_or_raises(NPU, mindiesd):
 @pytest.mark.parametrize("grid, prefix", [((2, 16, 32), 128), ((3, 8, 24), 200)])  # video rows 1024 / 576
 def test_rainfusion_runs_our_plan_on_the_mindie_kernel(NPU, mindiesd, grid, prefix):
     """One plan for every device: the NPU path hands MindIE's rain_fusion_attention kernel the block tables of
-    kernels/rainfusion.py, so it selects what CPU/CUDA select, including the block that mixes video and prefix
+    attention/rainfusion.py, so it selects what CPU/CUDA select, including the block that mixes video and prefix
     rows when the video rows are not a multiple of 128 (480 here: block 3 holds video rows 384-479 and the
     first 32 prefix rows)."""
     from omnivideo.attention.npu_impl import mindie_block_tables

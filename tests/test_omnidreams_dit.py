@@ -126,7 +126,7 @@ def test_attention_with_a_longer_cached_window_is_plain_softmax():
 class SpecReferenceDiT:
     """The DiT written again from the spec, in float64, from the STORED state dict (x_embedder with
     the 4 padding-mask columns, final-layer rows in (kt kh kw c) order), with loops where the model
-    uses reshapes. Shares no code with models/omnidreams_dit.py."""
+    uses reshapes. Shares no code with models/omnidreams/dit.py."""
 
     def __init__(self, sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig):
         self.sd = {k: v.double() for k, v in sd.items()}

@@ -6,7 +6,7 @@ processor per attention layer (refiner and blocks, each knowing its layer index)
 `set_attn_processor`, and a forward pre-hook that checks the forward's own row tensors
 against the sampler's layout and stashes the per-call metadata (`AttnLayout`: dense
 prefix = rows before the target video, patch grid (t, h, w), `[real | pad]` lengths).
-Every call then goes through the pack's one attention function, `pipelines.attention.attention`
+Every call then goes through the pack's one attention function, `attention.dispatch.attention`
 (backend choice, RainFusion gating by step/layer/size, realized-sparsity stats live there).
 """
 

@@ -254,7 +254,7 @@ class FinalLayer(nn.Module):
 
 class OmniDreamsDiT(nn.Module):
     """Expects the load-time fused layout: x_embedder without the padding-mask columns and final
-    layer rows in (c kt kh kw) order (see models/omnidreams_loader.py)."""
+    layer rows in (c kt kh kw) order (see models/omnidreams/loader.py)."""
 
     def __init__(self, config: OmniDreamsConfig):
         super().__init__()
