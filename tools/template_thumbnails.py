@@ -12,6 +12,7 @@ import argparse
 import io
 import os
 import shutil
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,11 +47,8 @@ def render_thumbnails(page, out_dir: Path, drop) -> list[Path]:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    sys_path_tests = str(REPO / "tests" / "integration")
-    import sys
-
-    sys.path.insert(0, sys_path_tests)
-    from test_frontend_browser import DROP_FILE  # noqa: E402
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from test_frontend_browser import DROP_FILE  # the frontend test's file drop
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8188")
