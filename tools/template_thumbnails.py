@@ -13,6 +13,7 @@ import io
 import os
 import shutil
 import sys
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +60,9 @@ def main() -> None:
         page.evaluate(DROP_FILE, [path.name, path.read_text(encoding="utf-8")])
         page.wait_for_timeout(1500)
 
+    # no first-run template browser over the canvas
+    request = urllib.request.Request(f"{args.url}/settings/Comfy.TutorialCompleted", b"true", method="POST")
+    urllib.request.urlopen(request, timeout=30).close()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
