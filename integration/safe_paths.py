@@ -59,13 +59,16 @@ def name_problem(name) -> str | None:
     return None
 
 
-def problem_of(check: Callable[[], object]) -> str | None:
-    """The refusal message of `check()` (a resolve call), or None when it passes: for validate_inputs."""
+def validated(resolve: Callable[[str], object], name) -> bool | str:
+    """What a node's validate_inputs returns for `name`: True when `resolve(name)` accepts it (or the input is
+    linked, None at validation time), else the refusal message."""
+    if name is None:
+        return True
     try:
-        check()
+        resolve(name)
     except PathRefused as err:
         return str(err)
-    return None
+    return True
 
 
 def _parts(name: str) -> list[str]:
@@ -95,21 +98,18 @@ def resolve_model_file(
     parts = _checked_parts(what, kind, name)
     if not parts[-1].lower().endswith(exts):
         raise _refuse(what, kind, name, f"only {', '.join(exts)} files are accepted here")
-    for root in compat.model_folder_roots(kind):
-        path = os.path.join(root, *parts)
-        if os.path.isfile(path):
-            return _accepted(path, accept, what, name)
-    raise _refuse(what, kind, name, "no such file")
+    path = _first_existing(kind, parts, os.path.isfile)
+    if path is None:
+        raise _refuse(what, kind, name, "no such file")
+    return _accepted(path, accept, what, name)
 
 
 def resolve_model_folder(kind: str, name: str, accept: Accept, what: str = "folder") -> str:
     """The path of sub-folder `name` of ComfyUI's folder `kind` that passes `accept`."""
-    parts = _checked_parts(what, kind, name)
-    for root in compat.model_folder_roots(kind):
-        path = os.path.join(root, *parts)
-        if os.path.isdir(path):
-            return _accepted(path, accept, what, name)
-    raise _refuse(what, kind, name, "no such folder")
+    path = _first_existing(kind, _checked_parts(what, kind, name), os.path.isdir)
+    if path is None:
+        raise _refuse(what, kind, name, "no such folder")
+    return _accepted(path, accept, what, name)
 
 
 def _accepted(path: str, accept: Accept | None, what: str, name: str) -> str:
@@ -126,7 +126,7 @@ def list_model_files(kind: str, exts: tuple[str, ...], accept: Accept | None = N
         return names
     out = []
     for name in names:
-        path = _first_existing(kind, name)
+        path = _first_existing(kind, _parts(name), os.path.isfile)
         if path is not None and _check(accept, path) is None:
             out.append(name)
     return out
@@ -156,10 +156,11 @@ def list_model_folders(kind: str, accept: Accept, depth: int = 2) -> list[str]:
     return sorted(found)
 
 
-def _first_existing(kind: str, name: str) -> str | None:
+def _first_existing(kind: str, parts: list[str], exists: Callable[[str], bool]) -> str | None:
+    """The entry in the first root of `kind` that has it, as core searches."""
     for root in compat.model_folder_roots(kind):
-        path = os.path.join(root, *_parts(name))
-        if os.path.isfile(path):
+        path = os.path.join(root, *parts)
+        if exists(path):
             return path
     return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from .. import compat
-from ..attention.config import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers, validate
+from ..attention.config import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers
 from ..compat import io
 from ..integration.attention_patch import NativeAttentionPatch
 from .types import AttentionType
@@ -74,9 +74,7 @@ class OmniVideoAttention(io.ComfyNode):
 
     @classmethod
     def execute(cls, backend, sparsity, start_step, skip_layers, block_size) -> io.NodeOutput:
-        problem = validate(backend, sparsity, start_step, skip_layers, block_size)
-        if problem is not None:
-            raise ValueError(f"OmniVideo Attention: {problem}")
+        # AttentionConfig checks every setting (backend choice, ranges, block size rules) and says what to change
         return io.NodeOutput(
             AttentionConfig(
                 backend=backend,

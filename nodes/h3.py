@@ -1,5 +1,4 @@
-"""MiniMax-H3 nodes: loader, Qwen3-VL text encoder loader + text encode, keyframes, decode.
-Sampling is the shared OmniVideo Sampler node (family "h3" -> pipelines.h3.sample)."""
+"""MiniMax-H3 nodes: loader, Qwen3-VL text encoder loader + text encode, keyframes, sampler, decode."""
 
 from __future__ import annotations
 
@@ -92,7 +91,7 @@ class OmniVideoH3Loader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, folder=None):  # transformer_file is checked first thing when the node runs
-        return folder is None or safe_paths.problem_of(lambda: _h3_folder(folder)) or True
+        return safe_paths.validated(_h3_folder, folder)
 
     @classmethod
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
@@ -126,7 +125,7 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, folder=None):
-        return folder is None or safe_paths.problem_of(lambda: _encoder_folder(folder)) or True
+        return safe_paths.validated(_encoder_folder, folder)
 
     @classmethod
     def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:
@@ -215,7 +214,7 @@ class OmniVideoH3TextEncode(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, embedding_file=None):  # save_as is checked first thing when the node runs
-        return not embedding_file or safe_paths.problem_of(lambda: _embedding_file(embedding_file)) or True
+        return not embedding_file or safe_paths.validated(_embedding_file, embedding_file)
 
     @classmethod
     def execute(

@@ -1,5 +1,5 @@
 """OmniDreams nodes: model loader, text encoder loader, text encode / precomputed embedding,
-first-frame and HD-map conditioning. Sampling is the shared OmniVideo Sampler node."""
+first-frame and HD-map conditioning, and the OmniDreams sampler."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class OmniDreamsModelLoader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, ckpt_name=None):  # only adds a check: ComfyUI 0.3.x does not check V3 combo values
-        return ckpt_name is None or safe_paths.problem_of(lambda: _checkpoint(ckpt_name)) or True
+        return safe_paths.validated(_checkpoint, ckpt_name)
 
     @classmethod
     def execute(cls, ckpt_name, dtype="auto", window_frames=6, sink_frames=0, attention=None) -> io.NodeOutput:
@@ -123,7 +123,7 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, folder=None):
-        return folder is None or safe_paths.problem_of(lambda: _encoder_folder(folder)) or True
+        return safe_paths.validated(_encoder_folder, folder)
 
     @classmethod
     def execute(cls, folder, dtype="auto") -> io.NodeOutput:
@@ -157,7 +157,7 @@ class OmniDreamsTextEncode(io.ComfyNode):
     def validate_inputs(cls, save_as=None):
         if not save_as or not save_as.strip():
             return True
-        return safe_paths.problem_of(lambda: safe_paths.output_file_path(save_as, ".safetensors")) or True
+        return safe_paths.validated(lambda name: safe_paths.output_file_path(name, ".safetensors"), save_as)
 
     @classmethod
     def execute(cls, text_encoder, prompt, save_as="") -> io.NodeOutput:
@@ -199,7 +199,7 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, embedding=None):
-        return embedding is None or safe_paths.problem_of(lambda: _embedding(embedding)) or True
+        return safe_paths.validated(_embedding, embedding)
 
     @classmethod
     def execute(cls, embedding) -> io.NodeOutput:

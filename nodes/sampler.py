@@ -8,10 +8,9 @@ from typing import Any
 
 from ..compat import io
 from .h3 import OmniVideoH3Sampler
-from .omnidreams import OmniDreamsSampler
+from .omnidreams import MAX_FRAMES, OmniDreamsSampler
 from .sampling import sampler_inputs
 
-MAX_FRAMES = 1021
 FAMILY_SAMPLERS: dict[str, Any] = {"omnidreams": OmniDreamsSampler, "h3": OmniVideoH3Sampler}
 
 
