@@ -7,6 +7,7 @@ core of the pack imports and runs under pytest or in a script.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -14,10 +15,12 @@ log = logging.getLogger("omnivideo")
 
 try:  # ComfyUI is importable only inside a ComfyUI process (or with COMFYUI_PATH on sys.path)
     import comfy.model_management as _mm
+    import comfy.model_patcher as _model_patcher
+    import comfy.ops as _ops
     import comfy.utils as _comfy_utils
     import folder_paths as _folder_paths
 except Exception:  # pragma: no cover - exercised when ComfyUI is missing
-    _mm = _comfy_utils = _folder_paths = None
+    _mm = _model_patcher = _ops = _comfy_utils = _folder_paths = None
 
 HAS_COMFY = _mm is not None
 
@@ -82,6 +85,7 @@ for _name, _io_type in [
     ("Latent", "LATENT"),
     ("Image", "IMAGE"),
     ("Audio", "AUDIO"),
+    ("Video", "VIDEO"),
     ("Model", "MODEL"),
     ("Int", "INT"),
     ("Float", "FLOAT"),
@@ -117,6 +121,27 @@ def request_interrupt() -> None:
     _interrupt_requested = True
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is a cancel (ComfyUI's, or `request_interrupt`'s outside it), not a failure."""
+    if HAS_COMFY and isinstance(exc, _mm.InterruptProcessingException):
+        return True
+    return isinstance(exc, ProcessingInterrupted)
+
+
+def show_text(text: str) -> None:
+    """Text on the running node in ComfyUI's UI (and in the log); only the log outside ComfyUI."""
+    log.info(text)
+    try:
+        from comfy_execution.utils import get_executing_context
+        from server import PromptServer
+
+        context = get_executing_context()
+        if context is not None:
+            PromptServer.instance.send_progress_text(text, context.node_id)
+    except Exception:  # outside ComfyUI or an older one: the log line is enough
+        pass
+
+
 def check_interrupt() -> None:
     """A cancel point: raises if the user pressed cancel in ComfyUI."""
     global _interrupt_requested
@@ -138,10 +163,15 @@ class ProgressBar:
         self.current = 0
         self._bar = _comfy_utils.ProgressBar(total) if HAS_COMFY else None
 
-    def update(self, n: int = 1) -> None:
+    PREVIEW_MAX_SIZE = 512  # longest side of a preview, as core's latent previews
+
+    def update(self, n: int = 1, preview=None) -> None:
+        """Advance by `n`; `preview` (a PIL image) is shown on the running node and sent to websocket clients."""
         self.current += n
         if self._bar is not None:
-            self._bar.update(n)
+            self._bar.update_absolute(
+                self.current, self.total, None if preview is None else ("JPEG", preview, self.PREVIEW_MAX_SIZE)
+            )
         check_interrupt()
 
 
@@ -190,6 +220,13 @@ def output_directory() -> str:
     return _folder_paths.get_output_directory()
 
 
+def video_from_file(path: str):
+    """Core's VIDEO value for a video file (what Load Video gives), so Save Video / Get Video Components take it."""
+    from comfy_api.input_impl import VideoFromFile
+
+    return VideoFromFile(path)
+
+
 def diffusion_model_wrapper_type() -> str:
     """ComfyUI's wrapper slot around the diffusion model's forward (WrappersMP.DIFFUSION_MODEL)."""
     try:
@@ -208,3 +245,98 @@ def attention_override_supported() -> bool:
         return hasattr(attn, "wrap_attn")
     except Exception:
         return False
+
+
+# ------------------------------------------------------------------ model management
+
+class ManagedModule(torch.nn.Module):
+    """What a ModelPatcher holds for us: ComfyUI writes bookkeeping attributes (`device`, `model_lowvram`, ...)
+    on its model, which diffusers and transformers models would refuse (their `device` is a property), so the
+    network sits one level down, under `module`."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+
+class _StandalonePatcher:
+    """ModelPatcher's part we use, outside ComfyUI (scripts, unit tests): loading is a plain `.to`."""
+
+    def __init__(self, model: ManagedModule, load_device: torch.device, offload_device: torch.device):
+        self.model, self.load_device, self.offload_device = model, load_device, offload_device
+
+
+def _devices(kind: str, default: torch.device) -> tuple[torch.device, torch.device]:
+    """(load, offload) device ComfyUI assigns to a model of `kind` (its --cpu/--gpu-only/... flags included)."""
+    if not HAS_COMFY:
+        return default, torch.device("cpu")
+    load, offload = {
+        "diffusion": (_mm.get_torch_device, _mm.unet_offload_device),
+        "text_encoder": (_mm.text_encoder_device, _mm.text_encoder_offload_device),
+        "vae": (_mm.vae_device, _mm.vae_offload_device),
+    }[kind]
+    return load(), offload()
+
+
+def manage(module: torch.nn.Module, kind: str, default_device: torch.device):
+    """Hand `module` to ComfyUI's model management: returns its ModelPatcher (`.model.module` is `module`).
+
+    `kind` ('diffusion', 'text_encoder' or 'vae') picks ComfyUI's devices for it; `default_device` is where
+    it runs outside ComfyUI. The module should be on the offload device (CPU) already.
+    """
+    load, offload = _devices(kind, default_device)
+    holder = ManagedModule(module)
+    if HAS_COMFY:
+        return _model_patcher.ModelPatcher(holder, load_device=load, offload_device=offload)
+    return _StandalonePatcher(holder, load, offload)
+
+
+def load_models(patchers: list, memory_required: int = 0) -> None:
+    """Bring models to their load device through ComfyUI (evicting others, loading partially if the budget
+    says so); `memory_required` is the activation memory the caller's run needs beside the weights."""
+    if HAS_COMFY:
+        _mm.load_models_gpu(patchers, memory_required=memory_required)
+        return
+    for patcher in patchers:
+        patcher.model.to(patcher.load_device)
+
+
+def loaded(patcher, memory_required: int = 0) -> Any:
+    """The network of `patcher` (whatever class it is), brought to `patcher.load_device` through ComfyUI (see
+    `load_models`)."""
+    load_models([patcher], memory_required)
+    return patcher.model.module
+
+
+def operations(weight_dtype: torch.dtype, compute_dtype: torch.dtype, load_device: torch.device):
+    """The layer classes a model is built with (`operations=`): ComfyUI's, so its model management can
+    leave some weights on the offload device and cast them per forward; torch.nn outside ComfyUI."""
+    if HAS_COMFY:
+        return _ops.pick_operations(weight_dtype, compute_dtype, load_device=load_device)
+    if weight_dtype != compute_dtype:
+        raise RuntimeError(
+            f"storing weights in {weight_dtype} and computing in {compute_dtype} needs ComfyUI's cast layers; "
+            "run inside ComfyUI or pick the compute dtype"
+        )
+    return torch.nn
+
+
+_CASTABLE = ("Linear", "Conv1d", "Conv2d", "Conv3d", "GroupNorm", "LayerNorm", "RMSNorm", "Embedding")
+
+
+def make_castable(module: torch.nn.Module, ops) -> int:
+    """Give a model built by another library (diffusers, transformers) ComfyUI's cast layers in place: each
+    plain torch layer becomes the same-named class of `ops` (a subclass of it: same parameters, same
+    forward until ComfyUI asks for casting). Returns how many layers changed; nothing happens outside ComfyUI."""
+    if ops is torch.nn or not HAS_COMFY:
+        return 0
+    swaps = {getattr(torch.nn, name): getattr(ops, name) for name in _CASTABLE}
+    changed = 0
+    for sub in module.modules():
+        cls = swaps.get(type(sub))
+        if cls is not None:
+            sub.__class__ = cls
+            if not hasattr(sub, "bias"):  # torch's RMSNorm / Embedding have none; the cast path reads it
+                sub.bias = None
+            changed += 1
+    return changed

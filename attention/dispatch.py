@@ -117,6 +117,24 @@ def sparse_backend(config: AttentionConfig, platform: Platform | None = None):
     return _impl(requested, False, platform)
 
 
+def bind(config: AttentionConfig | dict | None = None, platform: Platform | None = None):
+    """`attention` with `config` applied and its implementation resolved now, for a model that calls it many
+    times: `fn(q, k, v, *, scale=None, layout=None, layer=None)`. A dense config binds the implementation itself
+    (nothing but the kernel call is left per call, so torch.compile traces it without a break); a sparse one
+    keeps `attention`'s per-call dense/sparse decision."""
+    config = normalize_config(config)
+    if config.is_sparse:
+        return functools.partial(attention, config=config, platform=platform)
+    _, fn = dense_backend(config, platform)
+    accepted = _accepted(fn)
+
+    def dense(q, k, v, *, scale=None, layout=None, layer=None):
+        kwargs = {"scale": scale, "layout": layout}
+        return fn(q, k, v, **{name: value for name, value in kwargs.items() if name in accepted})
+
+    return dense
+
+
 def attention(
     q,
     k,

@@ -1,7 +1,15 @@
 """The backend registry: the only part of the pack that knows about devices. Implementations register
 themselves from their own packages (attention/registrations.py, kernels/registrations.py)."""
 
-from .platform import DTYPE_CHOICES, PLATFORM, Platform, detect, resolve_dtype
+from .platform import (
+    DTYPE_CHOICES,
+    PLATFORM,
+    WEIGHT_DTYPE_CHOICES,
+    Platform,
+    detect,
+    resolve_dtype,
+    resolve_weight_dtype,
+)
 from .registry import Impl, Resolution, implementations, ops, register, resolve
 from .report import backend_report
 
@@ -11,6 +19,8 @@ __all__ = [
     "Platform",
     "detect",
     "resolve_dtype",
+    "WEIGHT_DTYPE_CHOICES",
+    "resolve_weight_dtype",
     "Impl",
     "Resolution",
     "implementations",

@@ -18,6 +18,8 @@ from .. import compat
 PLATFORMS = ("cuda", "npu", "cpu")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_CHOICES = ("auto", *DTYPES)  # what the loader nodes offer
+FP8_WEIGHTS = {"fp8_e4m3fn": torch.float8_e4m3fn}  # weight storage only: layers cast to the compute dtype
+WEIGHT_DTYPE_CHOICES = (*DTYPE_CHOICES, *FP8_WEIGHTS)  # what the transformer loaders offer
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,18 @@ def resolve_dtype(choice: str | torch.dtype, device: torch.device | None = None)
     if choice not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}; got {choice!r}")
     return DTYPES[choice]
+
+
+def resolve_weight_dtype(
+    choice: str | torch.dtype, device: torch.device | None = None
+) -> tuple[torch.dtype, torch.dtype]:
+    """A transformer loader's dtype choice -> (weight storage dtype, compute dtype). fp8 weights compute in
+    what 'auto' picks (bf16 on accelerators, fp32 on CPU), as core does for its fp8 models."""
+    if isinstance(choice, str) and choice in FP8_WEIGHTS:
+        return FP8_WEIGHTS[choice], resolve_dtype("auto", device)
+    if isinstance(choice, torch.dtype) and choice in FP8_WEIGHTS.values():
+        return choice, resolve_dtype("auto", device)
+    if isinstance(choice, str) and choice not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(WEIGHT_DTYPE_CHOICES)}; got {choice!r}")
+    dtype = resolve_dtype(choice, device)
+    return dtype, dtype

@@ -68,6 +68,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from support.h3_tiny import TRANSFORMER, make_models  # the tiny VAEs are enough: the benchmark stops at latents
 
+    from omnivideo import compat
     from omnivideo.attention.config import AttentionConfig
     from omnivideo.backends import PLATFORM
     from omnivideo.models.h3.loader import geometry_of, latent_norm_of
@@ -83,9 +84,8 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
         if any(k in name.split(".") for k in transformer._keep_in_fp32_modules):
             p.data = p.data.float()
     model = H3Model(
-        transformer=transformer,
+        patcher=compat.manage(transformer, "diffusion", device),
         dtype=dtype,
-        device=device,
         attention=AttentionConfig(**BACKENDS[backend]),
         geometry=geometry_of(transformer, vae, audio_vae),
         latent_norm=latent_norm_of(vae, audio_vae),

@@ -77,7 +77,7 @@ def run_config(args) -> dict:
     cfg = OmniDreamsConfig(**kwargs)
     torch.manual_seed(0)
     with torch.device(device):
-        model = OmniDreamsDiT(cfg).to(dtype).eval().requires_grad_(False)
+        model = OmniDreamsDiT(cfg, dtype=dtype).to(dtype).eval().requires_grad_(False)
     text = torch.randn(1, 512, cfg.text_in_dim)
     h, w = height // 8, width // 8
     first = torch.randn(1, 16, 1, h, w)
@@ -121,6 +121,7 @@ def run_config(args) -> dict:
             seed=42,
             first_frame=first,
             bar=ChunkTimer(args.chunks),
+            device=device,
         )
         cache_bytes["kv"] = Measured.nbytes_seen
         per_chunk = [b - a for a, b in zip(marks, marks[1:])]
@@ -145,7 +146,7 @@ def run_config(args) -> dict:
         result["peak_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
 
     if args.baseline:  # no cache: each call re-runs the DiT over history + chunk (3 calls per chunk)
-        cross = model.cross_kv(text)
+        cross = model.cross_kv(text.to(device))
         base = []
         for k in range(args.chunks):
             x = torch.randn(1, 16, 2 * (k + 1), h, w)

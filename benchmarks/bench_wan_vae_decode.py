@@ -1,17 +1,17 @@
-"""Fused Wan VAE decode vs diffusers' AutoencoderKLWan.decode, side by side.
+"""OmniVideo Wan VAE Decode vs core VAE Decode, each run in a fresh ComfyUI server, side by side.
 
-Full-size Wan 2.1 (or 2.2) VAE with random weights; the same latent decoded by
-diffusers and by each fusion level. Prints median time, peak memory and ours/reference
-ratios, and checks every output is bit-identical to diffusers'.
+    COMFYUI_PATH=... COMFYUI_PYTHON=... python benchmarks/bench_wan_vae_decode.py [--runs 3] [--sizes 256x160x17,...]
 
-    python benchmarks/bench_wan_vae_decode.py                      # CPU: 9 frames at 256x256, fp32
-    python benchmarks/bench_wan_vae_decode.py --frames 81 --height 480 --width 832 --dtype bf16   # GPU
+For every size (pixel WxHxframes) and run, a fresh `main.py --cpu` server (this repository linked into its
+custom_nodes, a random full-size Wan 2.1 VAE in models/vae, the latent in a .latent file) gets one prompt over
+/prompt: VAELoader + LoadLatent -> core VAEDecode or OmniVideoWanVAEDecode (fusion auto) -> a sink. Measured:
 
-Each variant runs in its own subprocess. Peak memory is what one decode adds on top of
-the loaded model and latent: on CUDA max_memory_allocated, on CPU (Linux) the resident-set
-high-water mark, reset before each decode through /proc/self/clear_refs, with glibc told to
-return freed blocks at once (MALLOC_MMAP_THRESHOLD_) so RSS follows live memory rather than
-the allocator's cache.
+* peak: the server's peak RSS during the prompt (VmHWM, reset to the idle RSS just before queuing through
+  /proc/<pid>/clear_refs) minus its idle RSS: VAE load (file pages + fp32 weights), decode, output IMAGE;
+* time: the prompt's execution time (ComfyUI's execution_start -> execution_success timestamps);
+* the IMAGEs of both must be bit-identical (each run's output is compared to the first core run's).
+
+Variants alternate (core, ours, core, ...) so machine noise hits both alike; medians are reported.
 """
 
 from __future__ import annotations
@@ -19,144 +19,237 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
+import urllib.request
+from pathlib import Path
 
-VARIANTS = ("diffusers", "reference", "torch_fused", "triton")
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+REPO = Path(__file__).resolve().parents[1]
+VAE_FILE = "wan_2.1_vae_random.safetensors"
 
+# Written by COMFYUI_PYTHON: the full-size Wan 2.1 VAE as comfy.sd.VAE builds it, random weights, bf16 like the
+# released file, under the original key names.
+MAKE_VAE = """
+import os, sys, torch
+sys.path.insert(0, os.environ["COMFYUI_PATH"]); sys.path.insert(0, sys.argv[2])
+from comfy.cli_args import args; args.cpu = True
+import comfy.ldm.wan.vae as wan21
+from safetensors.torch import save_file
+from support.wan_vae_fixtures import COMFY_FULL, random_wan_state_dict
+sd = random_wan_state_dict(wan21, COMFY_FULL["2.1"], seed=0)
+save_file({k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}, sys.argv[1])
+"""
 
-def run_variant(args) -> dict:
-    import torch
-    from diffusers import AutoencoderKLWan
-
-    from omnivideo.models.wan_vae.convert import WAN21_CONFIG, WAN22_CONFIG
-    from omnivideo.pipelines.wan_decode import decode_latent, select_fusion
-
-    torch.backends.cudnn.benchmark = False
-    device = torch.device(args.device)
-    dtype = getattr(torch, DTYPES[args.dtype])
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(**(WAN22_CONFIG if args.version == "2.2" else WAN21_CONFIG)).eval().to(device, dtype)
-    factor = vae.config.scale_factor_spatial
-    latent_frames = (args.frames - 1) // 4 + 1
-    z = torch.randn(
-        1,
-        vae.config.z_dim,
-        latent_frames,
-        args.height // factor,
-        args.width // factor,
-        generator=torch.Generator().manual_seed(1),
-    ).to(device, dtype)
-
-    if args.variant == "diffusers":
-
-        def decode():
-            with torch.no_grad():
-                return vae.decode(z).sample
-    else:
-        if (
-            select_fusion(vae, {"torch_fused": "torch", "reference": "off"}.get(args.variant, args.variant))
-            != args.variant
-        ):
-            return {"variant": args.variant, "skipped": "not usable on this machine"}
-
-        def decode():
-            return decode_latent(vae, z)
-
-    decode()  # warm-up (allocator, kernels' JIT)
-    times, peaks, out = [], [], None
-    for _ in range(args.runs):
-        del out
-        base = _reset_peak(device)
-        start = time.perf_counter()
-        out = decode()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        peaks.append(_peak(device) - base)
-    torch.save(out.cpu(), args.out_path)
-    return {"variant": args.variant, "median_s": statistics.median(times), "peak_bytes": max(peaks)}
+SINK_PACK = textwrap.dedent('''
+    import hashlib, os
+    import folder_paths
+    from safetensors.torch import save_file
 
 
-def _proc_status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) * 1024
+    class OmniVideoBenchSink:
+        """Bench-only output node: saves the IMAGE (to compare variants bit for bit) and reports its shape."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"images": ("IMAGE",), "name": ("STRING", {"default": "bench"})}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "sink"
+        OUTPUT_NODE = True
+        CATEGORY = "_for_testing"
+
+        def sink(self, images, name):
+            path = os.path.join(folder_paths.get_output_directory(), name + ".safetensors")
+            save_file({"images": images.contiguous()}, path)
+            return {"ui": {"bench": [{"path": path, "shape": list(images.shape)}]}}
 
 
-def _reset_peak(device) -> int:
-    """Reset the peak-memory counter; returns the memory in use now."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # Linux: reset VmHWM (peak RSS) to the current RSS
-    return _proc_status_bytes("VmRSS")
+    NODE_CLASS_MAPPINGS = {"OmniVideoBenchSink": OmniVideoBenchSink}
+''')
 
 
-def _peak(device) -> int:
-    import torch
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    return torch.cuda.max_memory_allocated() if device.type == "cuda" else _proc_status_bytes("VmHWM")
+
+def _status_kib(pid: int, field: str) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith(field + ":")))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", choices=["2.1", "2.2"], default="2.1")
-    parser.add_argument("--frames", type=int, default=9)
-    parser.add_argument("--height", type=int, default=256)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
-    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
-    parser.add_argument("--out-path", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def _http(url: str, payload=None, timeout=30):
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"{}")
 
-    import torch
 
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.variant:  # child process
-        print(json.dumps(run_variant(args)))
-        return
-
-    import tempfile
-
-    print(
-        f"Wan {args.version} VAE, {args.frames} frames {args.height}x{args.width}, {args.dtype}, "
-        f"{args.device}, median of {args.runs}"
+def setup(base: Path, comfy_python: str, sizes) -> dict[str, str]:
+    for sub in ("custom_nodes/omnivideo_bench_sink", "models/vae", "input", "output", "temp", "user"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    (base / "custom_nodes" / "omnivideo").symlink_to(REPO, target_is_directory=True)
+    (base / "custom_nodes" / "omnivideo_bench_sink" / "__init__.py").write_text(SINK_PACK)
+    vae_path = base / "models" / "vae" / VAE_FILE
+    subprocess.run([comfy_python, "-c", MAKE_VAE, str(vae_path), str(REPO / "tests")], check=True)
+    code = (
+        "import sys, torch; from safetensors.torch import save_file; "
+        "c, t, h, w = map(int, sys.argv[2:]); "
+        "z = torch.randn(1, c, t, h, w, generator=torch.Generator().manual_seed(1)); "
+        "save_file({'latent_tensor': z, 'latent_format_version_0': torch.tensor([])}, sys.argv[1])"
     )
-    results, outputs = {}, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for variant in VARIANTS:
-            path = os.path.join(tmp, variant + ".pt")
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--variant", variant, "--out-path", path]
-            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                results[variant] = {"skipped": proc.stderr.strip().splitlines()[-1]}
-                continue
-            results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
-            if "skipped" not in results[variant]:
-                outputs[variant] = torch.load(path, weights_only=True)
+    latents = {}
+    for w, h, frames in sizes:
+        name = f"bench_{w}x{h}x{frames}.latent"
+        shape = (16, (frames - 1) // 4 + 1, h // 8, w // 8)
+        subprocess.run([comfy_python, "-c", code, str(base / "input" / name), *map(str, shape)], check=True)
+        latents[f"{w}x{h}x{frames}"] = name
+    return latents
 
-    ref = results["diffusers"]
-    print(f"{'variant':<12} {'median s':>9} {'peak MiB':>9} {'time/diffusers':>15} {'mem/diffusers':>14}  bit-exact")
-    for variant in VARIANTS:
-        r = results[variant]
-        if "skipped" in r:
-            print(f"{variant:<12} skipped: {r['skipped']}")
-            continue
-        exact = torch.equal(outputs[variant], outputs["diffusers"])
-        print(
-            f"{variant:<12} {r['median_s']:>9.3f} {r['peak_bytes'] / 2**20:>9.1f} "
-            f"{r['median_s'] / ref['median_s']:>15.3f} {r['peak_bytes'] / max(ref['peak_bytes'], 1):>14.3f}  {exact}"
+
+def run_once(base: Path, comfy_path: str, comfy_python: str, variant: str, latent: str, tag: str) -> dict:
+    """A fresh server, one prompt; returns time, peak and idle RSS, and where the IMAGE was saved."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMNIVIDEO_DEVICE")}
+    log = open(base / f"server_{tag}.log", "w")
+    proc = subprocess.Popen(
+        [
+            comfy_python,
+            "main.py",
+            "--cpu",
+            "--base-directory",
+            str(base),
+            "--listen",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database-url",
+            "sqlite:///:memory:",
+            "--disable-auto-launch",
+        ],
+        cwd=comfy_path,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited ({proc.returncode}); see {log.name}")
+            try:
+                _http(url + "/object_info/VAEDecode", timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start; see {log.name}") from None
+                time.sleep(0.5)
+        time.sleep(2.0)  # let start-up settle before reading the idle RSS
+        inputs = {"samples": ["2", 0], "vae": ["1", 0]}
+        decode = (
+            {"class_type": "VAEDecode", "inputs": inputs}
+            if variant == "core"
+            else {"class_type": "OmniVideoWanVAEDecode", "inputs": {**inputs, "fusion": "auto"}}
         )
+        graph = {
+            "1": {"class_type": "VAELoader", "inputs": {"vae_name": VAE_FILE}},
+            "2": {"class_type": "LoadLatent", "inputs": {"latent": latent}},
+            "3": decode,
+            "4": {"class_type": "OmniVideoBenchSink", "inputs": {"images": ["3", 0], "name": tag}},
+        }
+        Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+        idle = _status_kib(proc.pid, "VmRSS")
+        prompt_id = _http(url + "/prompt", {"prompt": graph})["prompt_id"]
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited ({proc.returncode}); see {log.name}")
+            entry = _http(f"{url}/history/{prompt_id}").get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None and entry["status"].get("messages"):
+                if entry["status"]["status_str"] != "success":
+                    raise RuntimeError(f"prompt failed: {json.dumps(entry['status'])[:2000]}")
+                break
+            time.sleep(0.2)
+        peak = _status_kib(proc.pid, "VmHWM")
+        stamps = {name: data["timestamp"] for name, data in entry["status"]["messages"]}
+        return {
+            "time_s": (stamps["execution_success"] - stamps["execution_start"]) / 1000.0,
+            "peak_mib": (peak - idle) / 1024.0,
+            "idle_mib": idle / 1024.0,
+            "image": str(base / "output" / f"{tag}.safetensors"),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def same_image(comfy_python: str, a: str, b: str) -> bool:
+    code = (
+        "import sys, torch; from safetensors.torch import load_file; "
+        "x, y = (load_file(p)['images'] for p in sys.argv[1:]); "
+        "print(x.shape == y.shape and torch.equal(x, y))"
+    )
+    out = subprocess.run([comfy_python, "-c", code, a, b], capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", default="256x160x17,480x272x33", help="pixel WxHxframes, comma separated")
+    args = parser.parse_args()
+    comfy_path, comfy_python = os.environ.get("COMFYUI_PATH"), os.environ.get("COMFYUI_PYTHON")
+    if not comfy_path or not comfy_python:
+        sys.exit("set COMFYUI_PATH (a ComfyUI checkout) and COMFYUI_PYTHON (its interpreter, with this pack installed)")
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    base = Path(tempfile.mkdtemp(prefix="omnivideo_bench_wan_"))
+    try:
+        latents = setup(base, comfy_python, sizes)
+        print(f"# Wan 2.1 VAE (random, full size), fp32, CPU, {os.cpu_count()} cores; median of {args.runs} runs")
+        print("# each run: a fresh ComfyUI server, one /prompt; peak = VmHWM - idle RSS of the server, MiB")
+        header = f"{'size':<12}{'variant':<8}{'time s':>9}{'peak MiB':>10}{'idle MiB':>10}  runs (s / MiB)"
+        rows = []
+        for size, latent in latents.items():
+            results: dict[str, list[dict]] = {"core": [], "ours": []}
+            for i in range(args.runs):
+                for variant in results:
+                    r = run_once(base, comfy_path, comfy_python, variant, latent, f"{variant}_{size}_{i}")
+                    results[variant].append(r)
+                    print(f"  {size} {variant} run {i}: {r['time_s']:.1f} s, peak {r['peak_mib']:.0f} MiB", flush=True)
+            first = results["core"][0]["image"]
+            exact = all(same_image(comfy_python, first, r["image"]) for rs in results.values() for r in rs)
+            med = {
+                v: {k: statistics.median(r[k] for r in rs) for k in ("time_s", "peak_mib", "idle_mib")}
+                for v, rs in results.items()
+            }
+            for variant, rs in results.items():
+                runs = ", ".join(f"{r['time_s']:.1f}/{r['peak_mib']:.0f}" for r in rs)
+                m = med[variant]
+                rows.append(
+                    f"{size:<12}{variant:<8}{m['time_s']:9.1f}{m['peak_mib']:10.0f}{m['idle_mib']:10.0f}  {runs}"
+                )
+            rows.append(
+                f"{size:<12}{'ratio':<8}{med['ours']['time_s'] / med['core']['time_s']:9.3f}"
+                f"{med['ours']['peak_mib'] / med['core']['peak_mib']:10.3f}{'':>10}  ours / core; "
+                f"bit-identical IMAGEs: {exact}"
+            )
+        print(header)
+        print("\n".join(rows))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

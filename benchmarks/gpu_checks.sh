@@ -14,3 +14,22 @@ python -m pytest -q -p no:cacheprovider tests/test_wan_vae_kernels.py tests/test
 python benchmarks/bench_wan_vae_decode.py --frames 81 --height 480 --width 832 --dtype bf16 --runs 3 \
     2>&1 | tee "$out/wan_vae_decode_gpu.txt"
 python benchmarks/bench_attention.py --dtype bf16 2>&1 | tee "$out/attention_gpu.txt"
+
+# Memory owned by ComfyUI (needs a ComfyUI checkout): partial loading and fp8 on the GPU, H3 and OmniDreams at the
+# mid size with a weight budget of a third of the model, vs the full load.
+for c in "${COMFYUI_PATH:-}" ../shared/comfyui shared/comfyui; do
+    if [ -f "$c/main.py" ]; then export COMFYUI_PATH=$(cd "$c" && pwd); break; fi
+done
+if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
+    python benchmarks/bench_model_memory.py --config mid 2>&1 | tee "$out/model_memory_gpu.txt"
+    python -m pytest -q -p no:cacheprovider tests/test_model_management.py 2>&1 | tee "$out/model_management_gpu.txt"
+else
+    echo "no ComfyUI checkout (COMFYUI_PATH): model-memory checks skipped" | tee "$out/model_memory_gpu.txt"
+fi
+
+# Streaming OmniDreams on the GPU: the 2B-shaped random DiT at 704x1280 in bf16 with the full-size Wan 2.1 VAE,
+# streamed vs batch (peak, first frame, throughput) and the compiled blocks vs eager, ms per chunk.
+if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
+    BENCH_FULL_VAE=1 python benchmarks/bench_omnidreams_stream.py --config 2b --chunks 4 10 --compile-chunks 10 \
+        2>&1 | tee "$out/omnidreams_stream_gpu.txt"
+fi

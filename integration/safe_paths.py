@@ -217,15 +217,24 @@ def output_file_path(name: str, ext: str, what: str = "save_as") -> tuple[str, s
     return folder, parts[-1]
 
 
+def resolve_output_file(name: str, ext: str, what: str) -> str:
+    """An existing file `name` (+ `ext` if missing) under ComfyUI's output folder, for reading back what a node
+    wrote there (the same name rules as writing; a link out of the folder is refused)."""
+    folder, file = output_file_path(name, ext, what)
+    path = os.path.join(folder, file)
+    if not os.path.isfile(path) or os.path.islink(path):
+        raise PathRefused(f"{what} {name!r}: there is no such file in ComfyUI's output folder.")
+    return path
+
+
 def write_output_file(name: str, ext: str, write: Callable[[str], object], what: str = "save_as") -> str:
     """Write a new file `name` (+ `ext` if missing) under ComfyUI's output folder and return its path.
 
     `write(tmp_path)` writes the content to a temporary file beside the target. An existing file is never
     replaced: `name_00001<ext>`, `name_00002<ext>`, ... is used instead (the first free one is reserved
     atomically, so two runs never pick the same name)."""
-    folder, file = output_file_path(name, ext, what)
-    os.makedirs(folder, exist_ok=True)
-    target = _reserve(folder, file[: -len(ext)], ext, what, name)
+    target = reserve_output_file(name, ext, what)
+    folder = os.path.dirname(target)
     fd, tmp = tempfile.mkstemp(prefix=".omnivideo-", suffix=ext, dir=folder)
     os.close(fd)
     try:
@@ -237,6 +246,17 @@ def write_output_file(name: str, ext: str, write: Callable[[str], object], what:
                 os.unlink(leftover)
         raise
     return target
+
+
+def reserve_output_file(name: str, ext: str, what: str = "save_as") -> str:
+    """Create a new, empty file `name` (+ `ext` if missing) under ComfyUI's output folder and return its path.
+
+    An existing file is never replaced: the first free one of `name<ext>`, `name_00001<ext>`, ... is created
+    atomically (O_EXCL, symlinks not followed), so two runs never pick the same name. The caller owns the empty
+    file: it writes it in place (or replaces it) and removes it if nothing comes of it."""
+    folder, file = output_file_path(name, ext, what)
+    os.makedirs(folder, exist_ok=True)
+    return _reserve(folder, file[: -len(ext)], ext, what, name)
 
 
 def _reserve(folder: str, stem: str, ext: str, what: str, name: str) -> str:

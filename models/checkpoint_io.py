@@ -188,3 +188,35 @@ def read_json(path: str) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} does not hold a JSON object.")
     return data
+
+
+SCALED_FP8_MARKER = "scaled_fp8"  # ComfyUI's scaled-fp8 checkpoints: fp8 weights + per-layer `scale_weight`
+
+
+def dequantize_scaled_fp8(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A scaled-fp8 state dict (as core's loaders read it: `<layer>.weight` in fp8, `<layer>.scale_weight`, an
+    optional `<layer>.scale_input`, the `scaled_fp8` marker) -> plain weights in `dtype`; other dicts as they are.
+    Our layers may fuse or re-lay out weights, so the scale is folded in once, at load."""
+    if SCALED_FP8_MARKER not in sd:
+        return sd
+    out = {}
+    for key, tensor in sd.items():
+        if key == SCALED_FP8_MARKER or key.endswith((".scale_weight", ".scale_input")):
+            continue
+        scale = sd.get(key[: -len("weight")] + "scale_weight") if key.endswith(".weight") else None
+        out[key] = (tensor.to(torch.float32) * scale.to(torch.float32)).to(dtype) if scale is not None else tensor
+    return out
+
+
+def store_weights(
+    sd: dict[str, torch.Tensor], weight_dtype: torch.dtype, compute_dtype: torch.dtype, quantized: Callable[[str], bool]
+) -> dict[str, torch.Tensor]:
+    """Cast a state dict for storage: the matrices `quantized(key)` selects go to `weight_dtype` (fp8 storage),
+    everything else (norms, biases, the layers at the model's edges) to `compute_dtype`."""
+    low = weight_dtype != compute_dtype
+    return {
+        k: v.to(weight_dtype if low and v.dim() == 2 and quantized(k) else compute_dtype)
+        if v.is_floating_point()
+        else v
+        for k, v in sd.items()
+    }

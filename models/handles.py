@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -25,10 +25,18 @@ class OmniVideoModel:
     """A loaded transformer and how it runs."""
 
     family: ClassVar[str] = ""
-    transformer: torch.nn.Module
-    dtype: torch.dtype
-    device: torch.device  # where it runs (from the backend registry)
+    patcher: Any  # ComfyUI's ModelPatcher holding the transformer (compat.manage): ComfyUI places its weights
+    dtype: torch.dtype  # the compute dtype (weights may be stored in fp8)
     attention: AttentionConfig | None = None  # OMNIVIDEO_ATTENTION; None = backend "auto" (fastest exact)
+
+    @property
+    def transformer(self) -> torch.nn.Module:
+        return self.patcher.model.module
+
+    @property
+    def device(self) -> torch.device:
+        """Where it runs: ComfyUI's load device for it."""
+        return self.patcher.load_device
 
 
 @dataclass(kw_only=True)
@@ -66,6 +74,7 @@ class OmniDreamsConditioning(OmniVideoConditioning):
     # text: Cosmos-Reason1 full_concat [1, 512, 100352]
     first_frame: torch.Tensor | None = None  # normalised latent [1, 16, 1, h, w]: pins frame 0, fixes the size
     hdmap: torch.Tensor | None = None  # normalised latent [1, 16, T, h, w]
+    schedule: tuple[tuple[int, torch.Tensor], ...] = ()  # (chunk index > 0, text): the prompt from that chunk on
 
 
 @dataclass(kw_only=True)

@@ -8,6 +8,7 @@ from .attention import OmniVideoAttention, OmniVideoPatchModelAttention
 from .backend_info import OmniVideoBackendInfo
 from .h3 import NODES as H3_NODES
 from .omnidreams import NODES as OMNIDREAMS_NODES
+from .omnidreams_stream import NODES as STREAM_NODES
 from .sampler import OmniVideoSampler
 from .wan_vae_decode import OmniVideoWanVAEDecode
 
@@ -18,6 +19,7 @@ NODES: list[Any] = [
     OmniVideoPatchModelAttention,
     OmniVideoSampler,
     *OMNIDREAMS_NODES,
+    *STREAM_NODES,
     *H3_NODES,
 ]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import compat
-from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
+from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dtype
 from ..compat import io
 from ..integration import comfy_types, safe_paths
 from ..models.h3.geometry import FPS, MAX_SECONDS
@@ -66,7 +66,9 @@ class OmniVideoH3Loader(io.ComfyNode):
                 "audio_vae/, scheduler/, audio_scheduler/). Optionally the transformer comes from a single file in "
                 "models/diffusion_models (ComfyUI / original keys, converted with diffusers' converter). Local files "
                 "only. The fp32 islands diffusers keeps (patch projections, time MLP, output heads, RoPE) stay fp32; "
-                "the audio VAE is always fp32."
+                "the audio VAE is always fp32. dtype 'fp8_e4m3fn' stores the block matrices in fp8 (about half the "
+                "memory of bf16), computing in the 'auto' dtype; scaled-fp8 single files are read. ComfyUI places "
+                "the weights and streams what does not fit in VRAM."
             ),
             inputs=[
                 io.Combo.Input("folder", options=safe_paths.list_model_folders("diffusers", folder_problem)),
@@ -75,7 +77,7 @@ class OmniVideoH3Loader(io.ComfyNode):
                     default=FROM_FOLDER,
                     options=[FROM_FOLDER] + safe_paths.list_model_files("diffusion_models", WEIGHT_EXTS),
                 ),
-                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
+                io.Combo.Input("dtype", options=list(WEIGHT_DTYPE_CHOICES), default="auto"),
                 AttentionType.Input(
                     "attention",
                     optional=True,
@@ -129,7 +131,10 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:
-        return io.NodeOutput(load_text_encoder(_encoder_folder(folder), resolve_dtype(dtype), int(layer)))
+        device = PLATFORM.device
+        return io.NodeOutput(
+            load_text_encoder(_encoder_folder(folder), resolve_dtype(dtype, device), int(layer), device)
+        )
 
 
 class OmniVideoH3Keyframes(io.ComfyNode):
@@ -164,11 +169,9 @@ class OmniVideoH3Keyframes(io.ComfyNode):
 
         first = image_to_pil(first_image) if first_image is not None else None
         last = image_to_pil(last_image) if last_image is not None else None
-        vae.to(PLATFORM.device)
         try:
-            keyframes = encode_keyframes(vae, first, last, int(width), int(height), PLATFORM.device)
+            keyframes = encode_keyframes(compat.loaded(vae), first, last, int(width), int(height), vae.load_device)
         finally:
-            vae.to("cpu")
             compat.free_memory()
         return io.NodeOutput(keyframes)
 
@@ -233,9 +236,8 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 )
             images = keyframes["images"] if keyframes else []
             try:
-                embeds, tags = encode_prompt(text_encoder, prompt, images, device=PLATFORM.device)
+                embeds, tags = encode_prompt(text_encoder, prompt, images)
             finally:
-                text_encoder.model.to("cpu")  # the 32B encoder must not stay beside the transformer
                 compat.free_memory()
         if keyframes and vision_rows(tags) == 0:
             raise ValueError(
@@ -273,8 +275,8 @@ class OmniVideoH3Decode(io.ComfyNode):
         from ..pipelines.h3.decode import decode
 
         video, audio, rate = comfy_types.h3_latents(samples)
-        frames, wave = decode(vae, audio_vae, video, audio, PLATFORM.device, progress=compat.ProgressBar)
-        rate = rate or audio_vae.config.sampling_rate
+        frames, wave = decode(vae, audio_vae, video, audio, progress=compat.ProgressBar)
+        rate = rate or audio_vae.model.module.config.sampling_rate
         return io.NodeOutput(comfy_types.image_from_video(frames), comfy_types.audio(wave, rate))
 
 

@@ -4,7 +4,7 @@ first-frame and HD-map conditioning, and the OmniDreams sampler."""
 from __future__ import annotations
 
 from .. import compat
-from ..backends import DTYPE_CHOICES, PLATFORM, resolve_dtype
+from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dtype, resolve_weight_dtype
 from ..compat import io
 from ..integration import comfy_types, safe_paths
 from ..models.handles import OmniDreamsConditioning, OmniDreamsModel, check_family
@@ -24,6 +24,7 @@ from ..pipelines.omnidreams import (
     check_wan21_vae,
     encode_first_frame,
     encode_hdmap,
+    parse_prompt_schedule,
     sample,
 )
 from .sampling import run_sampler, sampler_inputs
@@ -46,6 +47,14 @@ def _embedding(name: str) -> str:
     return safe_paths.resolve_model_file("text_encoders", name, EMBEDDING_EXTS, embedding_problem, what="embedding")
 
 
+def _check_encoder(text_encoder, node: str) -> None:
+    if not isinstance(text_encoder, TextEncoder):
+        raise ValueError(
+            f"{node} needs the OmniDreams Text Encoder Loader's output (Cosmos-Reason1), got "
+            f"{type(text_encoder).__name__}"
+        )
+
+
 def _check_family(conditioning) -> None:
     check_family(conditioning, "omnidreams", "conditioning", "use OmniDreams Text Encode or Load Text Embedding")
 
@@ -61,12 +70,14 @@ class OmniDreamsModelLoader(io.ComfyNode):
             description=(
                 "Loads the OmniDreams (Cosmos-Predict2.5 2B, AR-distilled) DiT from models/diffusion_models "
                 "(.pt read with weights_only, or .safetensors). The size is inferred from the weights; every "
-                "key and shape is checked. dtype 'auto' = bf16 on GPU/NPU, fp32 on CPU. window/sink set the "
+                "key and shape is checked. dtype 'auto' = bf16 on GPU/NPU, fp32 on CPU; 'fp8_e4m3fn' stores the "
+                "block weights in fp8 (about half the memory of bf16) and computes in the 'auto' dtype. ComfyUI "
+                "places the weights and streams what does not fit in VRAM. window/sink set the "
                 "rolling KV cache in latent frames (released: 6 and 0)."
             ),
             inputs=[
                 io.Combo.Input("ckpt_name", options=safe_paths.list_model_files("diffusion_models", CKPT_EXTS)),
-                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
+                io.Combo.Input("dtype", options=list(WEIGHT_DTYPE_CHOICES), default="auto"),
                 io.Int.Input("window_frames", default=6, min=2, max=64, step=2),
                 io.Int.Input("sink_frames", default=0, min=0, max=62, step=2),
                 AttentionType.Input(
@@ -87,12 +98,11 @@ class OmniDreamsModelLoader(io.ComfyNode):
         ARSettings(window_frames=window_frames, sink_frames=sink_frames).slots()  # raises a clear ValueError
         path = _checkpoint(ckpt_name)
         device = PLATFORM.device
-        torch_dtype = resolve_dtype(dtype, device)
-        dit = load_omnidreams(path, torch_dtype, device)
+        weight_dtype, compute_dtype = resolve_weight_dtype(dtype, device)
+        dit = load_omnidreams(path, compute_dtype, weight_dtype, compat.operations(weight_dtype, compute_dtype, device))
         model = OmniDreamsModel(
-            transformer=dit,
-            dtype=torch_dtype,
-            device=device,
+            patcher=compat.manage(dit, "diffusion", device),
+            dtype=compute_dtype,
             attention=attention,
             window_frames=window_frames,
             sink_frames=sink_frames,
@@ -161,11 +171,7 @@ class OmniDreamsTextEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, text_encoder, prompt, save_as="") -> io.NodeOutput:
-        if not isinstance(text_encoder, TextEncoder):
-            raise ValueError(
-                "OmniDreams Text Encode needs the OmniDreams Text Encoder Loader's output "
-                f"(Cosmos-Reason1), got {type(text_encoder).__name__}"
-            )
+        _check_encoder(text_encoder, "OmniDreams Text Encode")
         save = bool(save_as and save_as.strip())
         if save:
             safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
@@ -176,6 +182,48 @@ class OmniDreamsTextEncode(io.ComfyNode):
             )
             compat.log.info("OmniDreams: saved the prompt embedding to %s", path)
         return io.NodeOutput(OmniDreamsConditioning(text=embedding))
+
+
+class OmniDreamsPromptSchedule(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniDreamsPromptSchedule",
+            **compat.search_aliases("prompt travel", "prompt schedule"),
+            display_name="OmniVideo OmniDreams Prompt Schedule",
+            category="OmniVideo/OmniDreams",
+            description=(
+                "Switches the prompt during the rollout: '0: a car at dusk, 40: rain starts' uses the first prompt for "
+                "chunks 0-39 and the second from chunk 40 on (a chunk is 8 frames, 0.27 s at 30 fps). An entry starts "
+                "with '<chunk>:' at the beginning, after a comma or on a new line. Each prompt is encoded once; the "
+                "first frame and HD-map of the conditioning are kept."
+            ),
+            inputs=[
+                ConditioningType.Input("conditioning"),
+                TextEncoderType.Input("text_encoder"),
+                io.String.Input("schedule", multiline=True, default="0: "),
+            ],
+            outputs=[ConditioningType.Output(display_name="conditioning")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, schedule=None):
+        if not isinstance(schedule, str):
+            return True  # linked from another node: checked when it runs
+        try:
+            parse_prompt_schedule(schedule)
+        except ValueError as exc:
+            return str(exc)
+        return True
+
+    @classmethod
+    def execute(cls, conditioning, text_encoder, schedule) -> io.NodeOutput:
+        _check_family(conditioning)
+        _check_encoder(text_encoder, "OmniDreams Prompt Schedule")
+        entries = parse_prompt_schedule(schedule)
+        texts = [(chunk, encode_prompt(text_encoder, prompt)) for chunk, prompt in entries]
+        first = texts.pop(0)[1] if texts[0][0] == 0 else conditioning.text
+        return io.NodeOutput(conditioning.replace(text=first, schedule=tuple(texts)))
 
 
 class OmniDreamsLoadTextEmbedding(io.ComfyNode):
@@ -308,6 +356,7 @@ NODES = [
     OmniDreamsModelLoader,
     OmniDreamsTextEncoderLoader,
     OmniDreamsTextEncode,
+    OmniDreamsPromptSchedule,
     OmniDreamsLoadTextEmbedding,
     OmniDreamsEncodeFirstFrame,
     OmniDreamsEncodeHDMap,

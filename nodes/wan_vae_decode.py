@@ -1,10 +1,9 @@
-"""OmniVideo Wan VAE Decode: core VAE + Wan latent in, IMAGE frames out (fused, bit-exact)."""
+"""OmniVideo Wan VAE Decode: core VAE + Wan latent in, IMAGE frames out (core's decode, fused forwards)."""
 
 from __future__ import annotations
 
 from .. import compat
 from ..compat import io
-from ..integration.comfy_types import image_from_video
 from ..pipelines.wan_decode import FUSION_CHOICES, decode
 
 
@@ -17,18 +16,23 @@ class OmniVideoWanVAEDecode(io.ComfyNode):
             display_name="OmniVideo Wan VAE Decode",
             category="OmniVideo/latent",
             description=(
-                "Decodes a Wan 2.1 / 2.2 video latent with the fused decoder: the same pixels as diffusers' "
-                "AutoencoderKLWan, faster and with less memory. 'auto' picks Triton on CUDA, fused torch elsewhere; "
-                "'off' runs diffusers' own operations."
+                "Decodes a Wan 2.1 / 2.2 video latent with core's VAE decode running fused fast paths on the "
+                "loaded VAE itself (no second copy): the same pixels as core VAE Decode, faster and with less "
+                "memory. 'auto' picks Triton on CUDA, fused torch elsewhere; 'off' runs ComfyUI's own operations."
             ),
             inputs=[
                 io.Vae.Input("vae", tooltip="A Wan 2.1 (16-channel) or Wan 2.2 (48-channel) VAE from Load VAE."),
                 io.Latent.Input("samples", tooltip="Raw Wan latent [B, C, T, H, W], as core samplers return it."),
-                io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+                io.Combo.Input(
+                    "fusion",
+                    options=list(FUSION_CHOICES),
+                    default="auto",
+                    tooltip="Fused kernels: the same pixels as core VAE Decode at every choice.",
+                ),
             ],
             outputs=[io.Image.Output(display_name="images")],
         )
 
     @classmethod
     def execute(cls, vae, samples, fusion="auto") -> io.NodeOutput:
-        return io.NodeOutput(image_from_video(decode(vae, samples["samples"], fusion), signed=True))
+        return io.NodeOutput(decode(vae, samples["samples"], fusion))

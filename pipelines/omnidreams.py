@@ -13,6 +13,7 @@ attends to: the video sharpens at frame 0 and blurs afterwards.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from .. import compat
 from ..models.handles import check_family
 from ..models.omnidreams.dit import OmniDreamsDiT
 from ..models.omnidreams.kv_cache import RollingKVCache
-from ..models.wan_vae.convert import WAN21_CONFIG
+from ..models.wan_vae.latent_stats import WAN21_CONFIG
 
 # Wan 2.1 latent normalisation (= ComfyUI's Wan21 latent format): model latent = (mu - mean) / std
 LATENT_MEAN: tuple[float, ...] = tuple(WAN21_CONFIG["latents_mean"])  # type: ignore[arg-type]
@@ -104,6 +105,56 @@ def pixel_frames(num_chunks: int, len_t: int = 2) -> int:
     return 1 + (len_t * num_chunks - 1) * VAE_TEMPORAL
 
 
+# ---------------------------------------------------------------------------- prompt schedule
+
+MAX_SCHEDULE_CHARS = 65536
+MAX_SCHEDULE_ENTRIES = 256
+_ENTRY = re.compile(r"(?:^|[,\n])[ \t]*(\d{1,6})[ \t]*:")  # "<chunk>:" at the start, after a comma or a newline
+
+
+def parse_prompt_schedule(text: str) -> list[tuple[int, str]]:
+    """'0: a car at dusk, 40: rain starts' -> [(0, 'a car at dusk'), (40, 'rain starts')]: each prompt holds
+    from its chunk index until the next entry's. Linear time; bounded length and entry count."""
+    if not isinstance(text, str) or len(text) > MAX_SCHEDULE_CHARS:
+        raise ValueError(f"the prompt schedule must be text of at most {MAX_SCHEDULE_CHARS} characters")
+    matches = list(_ENTRY.finditer(text))
+    if not matches or text[: matches[0].start()].strip():
+        raise ValueError(
+            "the prompt schedule must start with a chunk index and a colon, e.g. '0: a car at dusk, 40: rain "
+            "starts' (entries start at the beginning, after a comma or on a new line)"
+        )
+    if len(matches) > MAX_SCHEDULE_ENTRIES:
+        raise ValueError(f"the prompt schedule has {len(matches)} entries; at most {MAX_SCHEDULE_ENTRIES}")
+    entries: list[tuple[int, str]] = []
+    for m, end in zip(matches, [n.start() for n in matches[1:]] + [len(text)]):
+        chunk, prompt = int(m.group(1)), text[m.end() : end].strip()
+        if not prompt:
+            raise ValueError(f"the prompt schedule entry for chunk {chunk} is empty")
+        if entries and chunk <= entries[-1][0]:
+            raise ValueError(f"prompt schedule chunk indices must increase: {chunk} follows {entries[-1][0]}")
+        entries.append((chunk, prompt))
+    return entries
+
+
+class PromptCross:
+    """The cross-attention K/V of the prompt that holds at each chunk (the conditioning's text, then its schedule),
+    computed when the prompt changes; one prompt's K/V are kept at a time."""
+
+    def __init__(self, model: OmniDreamsDiT, text: torch.Tensor, schedule=(), device: torch.device | None = None):
+        self.model, self.device = model, device
+        self.entries: list[tuple[int, torch.Tensor]] = [(0, text), *schedule]  # later entries: chunk > 0, rising
+        self.active = -1
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def at(self, chunk: int) -> list:
+        index = max(i for i, (start, _) in enumerate(self.entries) if start <= chunk)
+        if index != self.active:
+            self.cross = []  # the previous prompt's K/V go first
+            self.cross = self.model.cross_kv(self.entries[index][1].to(self.device))
+            self.active = index
+        return self.cross
+
+
 # ---------------------------------------------------------------------------- rollout
 
 
@@ -115,6 +166,117 @@ def _pin_context(xc: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) ->
     """The clean first frame back in before the context-noise call: its K/V are what the cache keeps, so they must
     come from clean frame 0, not a noisy one (the known port bug; the regression tests take this step out)."""
     return _pin(xc, image, inject)
+
+
+class Rollout:
+    """The OmniDreams rollout one chunk at a time. Between chunks it carries only its state: the KV window, the
+    chunk index and the noise generator (`state_dict` / `load_state_dict` save and restore it, so k chunks now and
+    N - k later give the N chunks of one run, bit for bit). Free the window with `close` (also on interrupt).
+
+    first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
+    device: where it runs (the model's load device). compiled: the DiT blocks under torch.compile.
+    """
+
+    def __init__(
+        self,
+        model: OmniDreamsDiT,
+        *,
+        latent_hw: tuple[int, int],
+        seed: int,
+        first_frame: torch.Tensor | None = None,
+        settings: ARSettings = ARSettings(),
+        attention_config: dict | None = None,
+        device: torch.device,
+        compiled: bool = False,
+    ):
+        cfg = model.config
+        self.compiled = compiled
+        self.model, self.device, self.settings, self.attention_config = model, device, settings, attention_config
+        h, w = latent_hw
+        lt = settings.len_t
+        sink, window = settings.slots()
+        self.schedule = released_schedule(settings.denoise, settings.context_t)
+        p = cfg.patch_spatial
+        self.cache = RollingKVCache(
+            num_blocks=cfg.num_blocks,
+            chunk_tokens=lt // cfg.patch_temporal * (h // p) * (w // p),
+            window_chunks=window,
+            sink_chunks=sink,
+            heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            dtype=model.dtype,
+            device=device,
+        )
+        self.generator = torch.Generator("cpu").manual_seed(int(seed))
+        self.shape = (1, cfg.in_channels, lt, h, w)
+        self.first_frame = first_frame
+        self.chunk = 0  # index of the next chunk
+
+    def _randn(self) -> torch.Tensor:  # drawn on CPU: the same noise on every device
+        return torch.randn(self.shape, generator=self.generator, dtype=torch.float32).to(self.device)
+
+    @torch.no_grad()
+    def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
+        """One chunk: its clean model-space latent [1, 16, len_t, h, w] (float32).
+
+        cross: the prompt's `model.cross_kv(text)` (the schedule may switch it between chunks);
+        hdmap: this chunk's normalised HD-map latent [1, 16, len_t, h, w] (None: zeros)."""
+        dev, sched, lt, k = self.device, self.schedule, self.settings.len_t, self.chunk
+        pin = k == 0 and self.first_frame is not None
+        image = inject = torch.empty(0)  # used only when pinning
+        if self.first_frame is not None and pin:
+            image = torch.zeros(self.shape, device=dev)  # the clean first frame at frame 0
+            image[:, :, :1] = self.first_frame.to(dev, torch.float32)
+            inject = torch.zeros((1, 1, lt, *self.shape[-2:]), device=dev)  # 1 where it is pinned
+            inject[:, :, 0] = 1.0
+        hd = hdmap.to(dev) if hdmap is not None else None
+        self.cache.begin_chunk()
+
+        def dit(x: torch.Tensor, t: float) -> torch.Tensor:
+            compat.check_interrupt()
+            return self.model(
+                x,
+                t,
+                cross,
+                cond_mask=inject if pin else None,
+                hdmap=hd,
+                t_offset=k * lt,
+                kv_cache=self.cache,
+                attention_config=self.attention_config,
+                compiled=self.compiled,
+            )
+
+        x = x0 = self._randn()  # draw 1
+        for i, (sigma, t) in enumerate(zip(sched.sigmas, sched.timesteps)):
+            if i:
+                x = (1 - sigma) * x0 + sigma * self._randn()  # draw 2: re-noise to the next sigma
+            if pin:
+                x = _pin(x, image, inject)
+            x0 = x - sigma * dit(x, t)
+        if pin:
+            x0 = _pin(x0, image, inject)  # clean first-frame latent back in
+        xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * self._randn()  # draw 3: context noise
+        if pin:
+            xc = _pin_context(xc, image, inject)
+        dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
+        self.chunk += 1
+        return x0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {
+            "chunk": torch.tensor(self.chunk),
+            "generator": self.generator.get_state(),
+            **{f"kv.{key}": value for key, value in self.cache.state_dict().items()},
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from a saved state of a rollout with the same model, size and settings (checked by the cache)."""
+        self.cache.load_state_dict({key[3:]: value for key, value in state.items() if key.startswith("kv.")})
+        self.generator.set_state(state["generator"])
+        self.chunk = int(state["chunk"])
+
+    def close(self) -> None:
+        self.cache.free()  # the window is GBs at 704x1280
 
 
 @torch.no_grad()
@@ -130,81 +292,36 @@ def rollout(
     settings: ARSettings = ARSettings(),
     attention_config: dict | None = None,
     bar=None,
+    device: torch.device,
+    schedule=(),
 ) -> torch.Tensor:
     """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
 
-    first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
     hdmap: normalised HD-map latent [1,16,>=len_t*N,h,w] (None: zeros).
+    schedule: ((chunk index, text), ...): the prompt from that chunk on (see `PromptCross`).
     bar: a progress bar (update(1) after each chunk; also a cancel point). Everywhere else `progress` is the
-    factory that makes one (progress(total) -> bar).
+    factory that makes one (progress(total) -> bar). The rest: see `Rollout`.
     """
-    cfg, dev = model.config, model.device
-    h, w = latent_hw
-    lt = settings.len_t
-    sink, window = settings.slots()
-    sched = released_schedule(settings.denoise, settings.context_t)
-    p = cfg.patch_spatial
-    chunk_tokens = lt // cfg.patch_temporal * (h // p) * (w // p)
-    cache = RollingKVCache(
-        num_blocks=cfg.num_blocks,
-        chunk_tokens=chunk_tokens,
-        window_chunks=window,
-        sink_chunks=sink,
-        heads=cfg.num_heads,
-        head_dim=cfg.head_dim,
-        dtype=model.dtype,
-        device=dev,
+    run = Rollout(
+        model,
+        latent_hw=latent_hw,
+        seed=seed,
+        first_frame=first_frame,
+        settings=settings,
+        attention_config=attention_config,
+        device=device,
     )
-    gen = torch.Generator("cpu").manual_seed(int(seed))
-    shape = (1, cfg.in_channels, lt, h, w)
-
-    def randn() -> torch.Tensor:  # drawn on CPU: the same noise on every device
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dev)
-
-    image = torch.zeros(shape, device=dev)  # the clean first frame at frame 0 (used when first_frame is given)
-    inject = torch.zeros((1, 1, lt, h, w), device=dev)  # 1 where it is pinned
-    if first_frame is not None:
-        image[:, :, :1] = first_frame.to(dev, torch.float32)
-        inject[:, :, 0] = 1.0
-    cross = model.cross_kv(text)
-    out = torch.empty((1, cfg.out_channels, lt * num_chunks, h, w), dtype=torch.float32, device=dev)
+    lt = settings.len_t
+    prompts = PromptCross(model, text, schedule, device)
+    out = torch.empty((1, model.config.out_channels, lt * num_chunks, *latent_hw), dtype=torch.float32, device=device)
     try:
         for k in range(num_chunks):
-            pin = k == 0 and first_frame is not None
-            hd = hdmap[:, :, k * lt : (k + 1) * lt].to(dev) if hdmap is not None else None
-            cache.begin_chunk()
-
-            def dit(x: torch.Tensor, t: float) -> torch.Tensor:
-                compat.check_interrupt()
-                return model(
-                    x,
-                    t,
-                    cross,
-                    cond_mask=inject if pin else None,
-                    hdmap=hd,
-                    t_offset=k * lt,
-                    kv_cache=cache,
-                    attention_config=attention_config,
-                )
-
-            x = x0 = randn()  # draw 1
-            for i, (sigma, t) in enumerate(zip(sched.sigmas, sched.timesteps)):
-                if i:
-                    x = (1 - sigma) * x0 + sigma * randn()  # draw 2: re-noise to the next sigma
-                if pin:
-                    x = _pin(x, image, inject)
-                x0 = x - sigma * dit(x, t)
-            if pin:
-                x0 = _pin(x0, image, inject)  # clean first-frame latent back in
-            xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * randn()  # draw 3: context noise
-            if pin:
-                xc = _pin_context(xc, image, inject)
-            dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
-            out[:, :, k * lt : (k + 1) * lt] = x0
+            hd = hdmap[:, :, k * lt : (k + 1) * lt] if hdmap is not None else None
+            out[:, :, k * lt : (k + 1) * lt] = run.step(prompts.at(k), hd)
             if bar is not None:
                 bar.update(1)
     finally:
-        cache.free()  # also on interrupt: the window is GBs at 704x1280
+        run.close()  # also on interrupt
     return out
 
 
@@ -267,6 +384,21 @@ def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Te
 # ---------------------------------------------------------------------------- sampler entry
 
 
+def rollout_plan(model, conditioning, width: int, height: int) -> tuple[tuple[int, int], ARSettings]:
+    """Check the model and conditioning families; (latent size, AR settings) of their rollout. The first frame (if
+    encoded) fixes the size, else width x height."""
+    check_family(model, "omnidreams", "model", "load it with OmniDreams Model Loader")
+    check_family(conditioning, "omnidreams", "conditioning", "use OmniDreams Text Encode or Load Text Embedding")
+    if conditioning.first_frame is not None:
+        h, w = conditioning.first_frame.shape[-2:]
+    else:
+        check_size(width, height)
+        h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
+        compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
+    settings = ARSettings(len_t=model.chunk_frames, window_frames=model.window_frames, sink_frames=model.sink_frames)
+    return (int(h), int(w)), settings
+
+
 def sample(
     model, conditioning, *, seed: int, frames: int, steps: int, width: int, height: int, progress=None
 ) -> torch.Tensor:
@@ -280,27 +412,18 @@ def sample(
         raise ValueError(
             f"OmniDreams is distilled for {DEFAULT_STEPS} steps; set steps to 0 (default) or 2, not {steps}"
         )
-    check_family(model, "omnidreams", "model", "load it with OmniDreams Model Loader")
-    check_family(conditioning, "omnidreams", "conditioning", "use OmniDreams Text Encode or Load Text Embedding")
-    dit = model.transformer
+    (h, w), settings = rollout_plan(model, conditioning, width, height)
     first = conditioning.first_frame
-    if first is not None:
-        h, w = first.shape[-2:]
-    else:
-        check_size(width, height)
-        h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
-        compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
-    settings = ARSettings(len_t=model.chunk_frames, window_frames=model.window_frames, sink_frames=model.sink_frames)
     n = num_chunks_for_frames(frames, settings.len_t)
     if pixel_frames(n, settings.len_t) != frames:
         compat.log.info(
             "OmniDreams: %d frames rounded up to %d (%d chunks)", frames, pixel_frames(n, settings.len_t), n
         )
-    text = conditioning.text
-    if text.dim() != 3 or text.shape[-1] != dit.config.text_in_dim:
+    text, config = conditioning.text, model.transformer.config
+    if text.dim() != 3 or text.shape[-1] != config.text_in_dim:
         raise ValueError(
             f"text embedding has shape {tuple(text.shape)}; this model needs [1, 512, "
-            f"{dit.config.text_in_dim}] (Cosmos-Reason1 full_concat)"
+            f"{config.text_in_dim}] (Cosmos-Reason1 full_concat)"
         )
     hdmap = conditioning.hdmap
     if hdmap is not None:
@@ -314,7 +437,7 @@ def sample(
     bar = progress(n) if progress is not None else None
     try:
         z = rollout(
-            dit,
+            compat.loaded(model.patcher),  # ComfyUI places the weights (all, or what fits: the rest stream)
             text,
             num_chunks=n,
             latent_hw=(h, w),
@@ -324,6 +447,8 @@ def sample(
             settings=settings,
             attention_config=model.attention,
             bar=bar,
+            device=model.device,
+            schedule=conditioning.schedule,
         )
         z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
     finally:

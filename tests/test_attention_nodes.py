@@ -1,17 +1,14 @@
 """OmniVideo Attention (selector) and OmniVideo Patch Model Attention (native ComfyUI MODEL patch)."""
 
 import copy
-import json
 import math
 import os
-import subprocess
-import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from support.comfy_probe import run_probe
 
 from omnivideo.attention.config import AttentionConfig
 from omnivideo.attention.layout import AttnLayout
@@ -20,7 +17,6 @@ from omnivideo.integration.attention_patch import patch_grid, sampling_step
 from omnivideo.nodes import node_classes
 from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
 
-REPO = Path(__file__).resolve().parents[1]
 GRID = (3, 16, 16)  # patch grid of a [1, C, 3, 32, 32] latent with Wan's (1, 2, 2) patches
 H, D = 2, 16
 S = math.prod(GRID)
@@ -209,18 +205,7 @@ def test_patch_node_with_a_tiny_native_comfyui_wan_model(comfyui_path):
     path = str(comfyui_path)
     if not os.path.isfile(os.path.join(path, "comfy", "ldm", "wan", "model.py")):
         pytest.skip(f"COMFYUI_PATH={path} has no comfy/ldm/wan/model.py")
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    env = {**os.environ, "COMFYUI_PATH": path}
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(
-        [python, str(REPO / "tests" / "attention_comfy_probe.py")], env=env, capture_output=True, text=True, timeout=900
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE_RESULT ")), None)
-    assert line is not None, (
-        f"probe failed (rc {proc.returncode}; set COMFYUI_PYTHON to ComfyUI's interpreter):\n"
-        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    )
-    result = json.loads(line.split(" ", 1)[1])
+    result = run_probe("attention_comfy_probe.py", comfyui_path)
     zero, sparse, gated = result["0.0"], result["0.8"], result["gated"]
     assert result["base_untouched"]
     assert zero["sparse_calls"] == 4 and zero["dense_calls"] == {}  # 2 layers x 2 steps, all through our op

@@ -7,6 +7,7 @@ import pytest
 import torch
 from support.h3_tiny import FRAMES, keyframe_images, make_models, text_inputs
 
+from omnivideo import compat
 from omnivideo.attention.config import AttentionConfig
 from omnivideo.models.h3.attention import h3_attention
 from omnivideo.models.h3.loader import geometry_of, latent_norm_of
@@ -28,7 +29,8 @@ def parts():
 
 def _model(parts, attention):
     transformer, _, loaded = parts
-    return H3Model(transformer=transformer, dtype=torch.float32, device=CPU, attention=attention, **loaded)
+    patcher = compat.manage(transformer, "diffusion", CPU)
+    return H3Model(patcher=patcher, dtype=torch.float32, attention=attention, **loaded)
 
 
 @pytest.fixture(scope="module")

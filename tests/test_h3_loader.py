@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from support.h3_tiny import keyframe_images, make_models, to_original_keys, write_folder
 from support.h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 
+from omnivideo import compat
 from omnivideo.models.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
 from omnivideo.models.h3.loader import H3LoadError, load_h3
 from omnivideo.models.h3.text import H3TextEncoder, encode_prompt, load_embedding, save_embedding
@@ -34,7 +35,7 @@ def test_folder_loads_with_fp32_islands(tiny):
     assert params["transformer_blocks.0.attn.to_q.weight"].dtype == torch.bfloat16
     assert model.transformer.rope.inv_freq.dtype == torch.float32
     assert torch.equal(model.transformer.rope.inv_freq, transformer.rope.inv_freq)
-    assert all(p.dtype == torch.float32 for p in audio_vae.parameters())
+    assert all(p.dtype == torch.float32 for p in audio_vae.model.module.parameters())
     assert model.family == "h3" and model.scheduler_config["shift"] == 12.0
     assert model.audio_scheduler_config["shift"] == 3.0
 
@@ -47,6 +48,32 @@ def test_single_file_original_keys_converts_to_same_weights(tiny):
     ours = model.transformer.state_dict()
     for key, value in transformer.state_dict().items():
         assert torch.equal(ours[key], value), key
+
+
+def test_scaled_fp8_single_file_is_dequantized_with_its_scales(tiny):
+    """ComfyUI's scaled-fp8 layout (fp8 matrices, `<layer>.scale_weight`, the `scaled_fp8` marker) in original
+    keys: each matrix comes back as its fp8 value times its own scale."""
+    transformer, _, _, root, base = tiny
+    sd = to_original_keys(transformer.state_dict())
+    scaled = dict(sd)
+    for key, w in sd.items():
+        if key.startswith("blocks.") and w.dim() == 2:
+            scale = w.abs().max().float() / 448.0
+            scaled[key] = (w.float() / scale).to(torch.float8_e4m3fn)
+            scaled[key[: -len("weight")] + "scale_weight"] = scale.reshape(())
+    quantized = [k for k in scaled if k.endswith("scale_weight")]
+    assert quantized, "the tiny checkpoint's block keys changed: quantize its block matrices here"
+    scaled["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    sf = base / "h3_scaled_fp8.safetensors"
+    save_file({"model.diffusion_model." + k: v for k, v in scaled.items()}, str(sf))
+    model, _, _ = load_h3(root, "fp32", transformer_file=sf, device=CPU)
+    plain = load_h3(root, "fp32", device=CPU)[0].transformer.state_dict()
+    ours = model.transformer.state_dict()
+    assert ours.keys() == plain.keys()
+    changed = [k for k in plain if not torch.equal(ours[k], plain[k])]
+    assert changed and all(k.startswith("transformer_blocks.") for k in changed)  # only the quantized block matrices
+    for key in changed:  # each by e4m3's rounding, scaled back
+        torch.testing.assert_close(ours[key], plain[key], rtol=0.07, atol=plain[key].abs().max().item() / 448)
 
 
 def test_pruned_checkpoint_is_rejected_with_reason(tiny):
@@ -119,7 +146,9 @@ def test_limits_agree_with_diffusers():
 @pytest.fixture(scope="module")
 def tiny_qwen():
     model, tokenizer, image_processor = tiny_qwen3vl()
-    return H3TextEncoder(model, tokenizer, tiny_processor(tokenizer, image_processor), layer=LAYER)
+    return H3TextEncoder(
+        compat.manage(model, "text_encoder", CPU), tokenizer, tiny_processor(tokenizer, image_processor), layer=LAYER
+    )
 
 
 def _diffusers_text(te, monkeypatch, prompt, keyframes):
@@ -139,7 +168,7 @@ def test_text_encoding_matches_diffusers(tiny_qwen, monkeypatch, with_keyframes)
     first, last = keyframe_images()
     frames = [first.resize((96, 64)), last.resize((96, 64))] if with_keyframes else []
     ref = _diffusers_text(tiny_qwen, monkeypatch, "A red fox runs.", frames)
-    emb, tags = encode_prompt(tiny_qwen, "A red fox runs.", frames, device=CPU)
+    emb, tags = encode_prompt(tiny_qwen, "A red fox runs.", frames)
     assert torch.equal(tags, ref["text_token_tags"])
     assert (emb - ref["prompt_embeds"]).abs().max() <= 1e-6
     assert int((tags == 0).sum()) == (2 * (2 + 6) if with_keyframes else 0)  # vision rows tagged video

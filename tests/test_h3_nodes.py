@@ -24,7 +24,12 @@ def loaded(tmp_path_factory):
         assert nodes.OmniVideoH3Loader.validate_inputs(folder="MiniMax-H3-tiny") is True
         out = nodes.OmniVideoH3Loader.execute("MiniMax-H3-tiny", dtype="fp32")
     model, tokenizer, image_processor = tiny_qwen3vl()
-    te = H3TextEncoder(model, tokenizer, tiny_processor(tokenizer, image_processor), layer=LAYER)
+    te = H3TextEncoder(
+        compat.manage(model, "text_encoder", torch.device("cpu")),
+        tokenizer,
+        tiny_processor(tokenizer, image_processor),
+        layer=LAYER,
+    )
     return out[0], out[1], out[2], te
 
 
@@ -141,11 +146,23 @@ def test_embedding_file_lists_exactly_the_h3_embeddings(loaded, comfy_folders):
     assert torch.equal(again.text, cond.text)
 
 
-def test_decode_reports_progress_and_offloads(loaded, monkeypatch):
+def _record_model_management(monkeypatch, events: list) -> None:
+    """Log each network handed to ComfyUI's model management and each activation release, in order."""
+    real_load = compat.load_models
+
+    def load_models(patchers, memory_required=0):
+        events.extend(("load", type(p.model.module).__name__) for p in patchers)
+        real_load(patchers, memory_required)
+
+    monkeypatch.setattr(compat, "load_models", load_models)
+    monkeypatch.setattr(compat, "free_memory", lambda: events.append(("free",)))
+
+
+def test_decode_reports_progress_and_loads_each_vae_through_model_management(loaded, monkeypatch):
     model, vae, audio_vae, te = loaded
     cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te)[0]
     latent = OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)[0]
-    events = []
+    events: list = []
 
     class Bar:
         def __init__(self, total):
@@ -154,36 +171,39 @@ def test_decode_reports_progress_and_offloads(loaded, monkeypatch):
         def update(self, n=1):
             events.append(("update", n))
 
-    for name, vae_obj in (("vae", vae), ("audio_vae", audio_vae)):
-        real_to = vae_obj.to
-        monkeypatch.setattr(
-            vae_obj, "to", lambda *a, _n=name, _to=real_to, **k: (events.append((_n, a, k)), _to(*a, **k))[1]
-        )
+    _record_model_management(monkeypatch, events)
     monkeypatch.setattr(compat, "ProgressBar", Bar)
     images, audio = nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent).args
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3) and audio["waveform"].shape[:2] == (1, 2)
-    assert [e for e in events if e[0] in ("total", "update")] == [("total", 2), ("update", 1), ("update", 1)]
-    assert events[-2:] == [("vae", ("cpu",), {}), ("audio_vae", ("cpu",), {})]  # offloaded at the end
+    video_vae, audio_vae_name = type(vae.model.module).__name__, type(audio_vae.model.module).__name__
+    assert events == [
+        ("total", 2),
+        ("load", video_vae),
+        ("update", 1),
+        ("load", audio_vae_name),
+        ("update", 1),
+        ("free",),
+    ]
 
     events.clear()
     monkeypatch.setattr(Bar, "update", lambda self, n=1: (compat.request_interrupt(), compat.check_interrupt()))
     with pytest.raises(compat.ProcessingInterrupted):  # cancelled after the video: the audio VAE never runs
         nodes.OmniVideoH3Decode.execute(vae, audio_vae, latent)
-    assert ("audio_vae", ("cpu",), {}) in events and not any(e[0] == "audio_vae" and e[1] != ("cpu",) for e in events)
+    assert events == [("total", 2), ("load", video_vae), ("free",)]  # activations released on cancel too
     with pytest.raises(ValueError, match="no H3 audio latents"):
         nodes.OmniVideoH3Decode.execute(vae, audio_vae, {"samples": latent["samples"]})
 
 
-def test_sampler_offloads_the_transformer_and_checks_text_width(loaded, monkeypatch):
+def test_sampler_loads_the_transformer_through_model_management_and_checks_text_width(loaded, monkeypatch):
     model, _, _, te = loaded
     cond = nodes.OmniVideoH3TextEncode.execute("A fox.", text_encoder=te)[0]
-    moves = []
-    real_to = model.transformer.to
-    monkeypatch.setattr(model.transformer, "to", lambda *a, **k: (moves.append(a), real_to(*a, **k))[1])
+    events: list = []
+    _record_model_management(monkeypatch, events)
     OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)
-    assert moves == [(model.device,), ("cpu",)]  # to the device for sampling, back to CPU afterwards
+    assert events == [("load", "MiniMaxH3Transformer3DModel"), ("free",)]
+    assert model.transformer.proj_in.weight.device == model.device  # loaded where ComfyUI said
 
-    moves.clear()
+    events.clear()
     monkeypatch.setattr(
         compat,
         "ProgressBar",
@@ -193,11 +213,11 @@ def test_sampler_offloads_the_transformer_and_checks_text_width(loaded, monkeypa
     )
     with pytest.raises(compat.ProcessingInterrupted):
         OmniVideoSampler.execute(model, cond, seed=1, frames=FRAMES, steps=3, width=WIDTH, height=HEIGHT)
-    assert moves[-1] == ("cpu",)  # offloaded on cancel too
+    assert events[-1] == ("free",)  # activations released on cancel too
 
-    moves.clear()
+    events.clear()
     text_dim = model.transformer.config.text_dim
     wide = cond.replace(text=torch.zeros(1, cond.text.shape[1], text_dim + 8))
     with pytest.raises(ValueError, match=f"{text_dim + 8} wide but this transformer expects text_dim={text_dim}"):
         OmniVideoSampler.execute(model, wide, seed=1, frames=FRAMES, steps=2, width=WIDTH, height=HEIGHT)
-    assert moves == []  # refused before the transformer is moved or run
+    assert events == []  # refused before the transformer is loaded or run

@@ -30,7 +30,7 @@ def h3(tmp_path_factory):
     transformer, vae, audio_vae = make_models()
     root = write_folder(tmp_path_factory.mktemp("h3") / "MiniMax-H3-tiny", transformer, vae, audio_vae)
     model, our_vae, our_audio_vae = load_h3(root, "fp32", device=CPU)
-    return model, our_vae, our_audio_vae, reference_pipeline(transformer, vae, audio_vae)
+    return model, our_vae.model.module, our_audio_vae.model.module, reference_pipeline(transformer, vae, audio_vae)
 
 
 def _normalise(model, latent):

@@ -108,16 +108,18 @@ def test_schedule_numbers():
 
 def test_attention_with_a_longer_cached_window_is_plain_softmax():
     from omnivideo.attention.config import AttentionConfig
-    from omnivideo.models.omnidreams.dit import _attention
+    from omnivideo.attention.layout import AttnLayout
+    from omnivideo.models.omnidreams.dit import bind_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, 2, 32, generator=g) for n in (12, 36, 36))
     weights = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(32), dim=-1)
     ref = torch.einsum("bhqk,bkhd->bqhd", weights, v)
-    for config in (None, AttentionConfig(backend="sdpa")):
-        torch.testing.assert_close(
-            _attention(q, k, v, 1 / math.sqrt(32), config, (2, 2, 3), 0), ref, rtol=1e-5, atol=1e-5
-        )
+    for config in (None, AttentionConfig(backend="sdpa"), AttentionConfig(backend="rainfusion", sparsity=0.8)):
+        attend_self, attend_cross = bind_attention(config, 1)[0]
+        out = attend_self(q, k, v, scale=1 / math.sqrt(32), layout=AttnLayout(0, (2, 2, 3)))
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)  # sparse backends go dense over a window
+        torch.testing.assert_close(attend_cross(q, k, v, scale=1 / math.sqrt(32)), ref, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------ whole forward vs the spec
@@ -292,7 +294,7 @@ def test_forward_matches_spec_reference():
     from omnivideo.models.omnidreams.loader import build_dit
 
     stored = stored_state_dict(TINY, seed=5)
-    model = build_dit(stored, torch.float32, torch.device("cpu"))
+    model = build_dit(stored, torch.float32)
     ref = SpecReferenceDiT(stored, TINY)
     g = torch.Generator().manual_seed(0)
     T, H, W = 2, 4, 6

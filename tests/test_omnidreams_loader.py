@@ -45,7 +45,7 @@ def test_tiny_inferred_config():
 def test_padding_columns_dropped_and_final_rows_reordered():
     sd = stored_state_dict()
     sd["x_embedder.proj.1.weight"][:, -4:] = 7.0  # the padding-mask channel is zero: these never count
-    model = build_dit(sd, torch.float32, CPU)
+    model = build_dit(sd, torch.float32)
     assert model.x_embedder.proj[1].weight.shape == (64, 68)
     torch.testing.assert_close(model.x_embedder.proj[1].weight, sd["x_embedder.proj.1.weight"][:, :68])
     w = sd["final_layer.linear.weight"]
@@ -58,7 +58,7 @@ def test_fused_model_equals_the_stored_layout_network():
     """Embedding with the padding-mask channel (zeros) and unpatchifying (kt kh kw c) rows by hand
     gives what the fused model computes."""
     sd = stored_state_dict()
-    model = build_dit(sd, torch.float32, CPU)
+    model = build_dit(sd, torch.float32)
     x = torch.randn(1, 16, 2, 4, 4)
     mask = torch.zeros(1, 1, 2, 4, 4)
     mask[:, :, 0] = 1
@@ -79,9 +79,9 @@ def test_load_from_file_with_prefix(tmp_path, ext):
     sd = stored_state_dict(prefix="net.")
     path = str(tmp_path / f"tiny{ext}")
     torch.save(sd, path) if ext == ".pt" else save_file(sd, path)
-    model = load_omnidreams(path, torch.bfloat16, CPU)
+    model = load_omnidreams(path, torch.bfloat16, torch.bfloat16)
     assert model.dtype == torch.bfloat16 and model.config == TINY
-    ref = build_dit(stored_state_dict(), torch.bfloat16, CPU)
+    ref = build_dit(stored_state_dict(), torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
 
 
@@ -91,7 +91,7 @@ def test_missing_unexpected_and_wrong_shape_are_named():
     sd["blocks.0.extra.weight"] = torch.zeros(1)
     sd["blocks.0.cross_attn.k_proj.weight"] = torch.zeros(64, 31)
     with pytest.raises(CheckpointError) as err:
-        build_dit(sd, torch.float32, CPU, name="broken.pt")
+        build_dit(sd, torch.float32, name="broken.pt")
     msg = str(err.value)
     assert "broken.pt" in msg
     assert "missing (1): blocks.1.mlp.layer2.weight" in msg
@@ -110,7 +110,7 @@ def test_bad_embedder_width():
     sd = stored_state_dict()
     sd["x_embedder.proj.1.weight"] = torch.zeros(64, 70)
     with pytest.raises(CheckpointError, match="70 input columns"):
-        build_dit(sd, torch.float32, CPU)
+        build_dit(sd, torch.float32)
 
 
 class _Exploit:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from support.omnidreams_tiny import TINY, stored_state_dict
 
+from omnivideo import compat
 from omnivideo.models.handles import OmniDreamsConditioning
 from omnivideo.models.omnidreams.text import save_embedding
 from omnivideo.nodes import omnidreams as nodes
@@ -126,6 +127,7 @@ def test_node_schemas():
         "OmniDreamsModelLoader",
         "OmniDreamsTextEncoderLoader",
         "OmniDreamsTextEncode",
+        "OmniDreamsPromptSchedule",
         "OmniDreamsLoadTextEmbedding",
         "OmniDreamsEncodeFirstFrame",
         "OmniDreamsEncodeHDMap",
@@ -152,7 +154,7 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
         return emb
 
     monkeypatch.setattr(nodes, "encode_prompt", fake_encode)
-    encoder = TextEncoder(torch.nn.Identity(), None, "tiny")
+    encoder = TextEncoder(compat.manage(torch.nn.Identity(), "text_encoder", torch.device("cpu")), None, "tiny")
 
     cond = nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
     torch.testing.assert_close(cond.text, emb)

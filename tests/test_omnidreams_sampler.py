@@ -4,10 +4,13 @@ determinism and the sampler entry."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from support.omnidreams_tiny import TINY, stored_state_dict
 
+from omnivideo import compat
 from omnivideo.models.handles import OmniDreamsConditioning, OmniDreamsModel
 from omnivideo.models.omnidreams import dit as omnidreams_dit
 from omnivideo.models.omnidreams.kv_cache import RollingKVCache
@@ -15,6 +18,7 @@ from omnivideo.models.omnidreams.loader import build_dit
 from omnivideo.pipelines import omnidreams as pipe
 
 H, W = 4, 6  # latent size: 2x3 tokens per frame with the 2x2 patch
+CPU = torch.device("cpu")
 FRAME_TOKENS = (H // 2) * (W // 2)
 CHUNK_TOKENS = 2 * FRAME_TOKENS
 
@@ -22,7 +26,7 @@ CHUNK_TOKENS = 2 * FRAME_TOKENS
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    return build_dit(stored_state_dict(TINY, seed=1), torch.float32, torch.device("cpu"))
+    return build_dit(stored_state_dict(TINY, seed=1), torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,9 @@ def first_frame():
 
 
 def _rollout(model, text, first_frame=None, num_chunks=1, seed=42, **kw):
-    return pipe.rollout(model, text, num_chunks=num_chunks, latent_hw=(H, W), seed=seed, first_frame=first_frame, **kw)
+    return pipe.rollout(
+        model, text, num_chunks=num_chunks, latent_hw=(H, W), seed=seed, first_frame=first_frame, device=CPU, **kw
+    )
 
 
 def observe_cache(monkeypatch, observe):
@@ -67,7 +73,14 @@ def without_context_reinjection(monkeypatch):
 # ------------------------------------------------------------------ the clean context write
 
 
-class _Recorder:
+class _BlockViews:
+    """The `block(i)` window a cache gives the DiT, for the test caches below (keyed by block index)."""
+
+    def block(self, index):
+        return types.SimpleNamespace(update=lambda k, v: self.update(index, k, v))
+
+
+class _Recorder(_BlockViews):
     """Cache stand-in that keeps what each block wrote and attends to this chunk only."""
 
     def __init__(self):
@@ -138,7 +151,7 @@ def test_first_frame_is_emitted_exactly(model, text, first_frame):
 # ------------------------------------------------------------------ KV cache
 
 
-class ExplicitWindowCache:
+class ExplicitWindowCache(_BlockViews):
     """Reference: keeps every chunk's final K/V in a list and concatenates the window explicitly."""
 
     def __init__(self, *, num_blocks, chunk_tokens, window_chunks, sink_chunks, **_):
@@ -229,8 +242,6 @@ def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, mo
     _rollout(model, text, first_frame, num_chunks=2)
     assert caches[-1].k == [] and caches[-1].v == []
 
-    from omnivideo import compat
-
     calls = {"n": 0}
 
     def interrupt_on_fifth():
@@ -299,7 +310,8 @@ def test_hdmap_changes_the_video(model, text, first_frame):
 
 
 def _handle(model, ar=None):
-    return OmniDreamsModel(transformer=model, dtype=torch.float32, device=torch.device("cpu"), **(ar or {}))
+    patcher = compat.manage(model, "diffusion", torch.device("cpu"))
+    return OmniDreamsModel(patcher=patcher, dtype=torch.float32, **(ar or {}))
 
 
 def test_sample_returns_raw_wan_latent(model, text, first_frame):
@@ -354,7 +366,6 @@ def test_sample_uses_the_chunk_length_of_the_settings(model, text, first_frame):
 
 
 def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeypatch):
-    from omnivideo import compat
 
     freed = []
     monkeypatch.setattr(pipe.compat, "free_memory", lambda: freed.append(1))
@@ -388,7 +399,7 @@ class _StubDiT:
     def cross_kv(self, text):
         return [None] * TINY.num_blocks
 
-    def __call__(self, x, t, cross, *, cond_mask=None, hdmap=None, t_offset=0, kv_cache=None, attention_config=None):
+    def __call__(self, x, t, cross, *, cond_mask=None, hdmap=None, t_offset=0, kv_cache=None, **_):
         self.calls.append(
             {
                 "x": x.clone(),
@@ -467,6 +478,7 @@ def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42):
         seed=seed,
         first_frame=first_frame,
         hdmap=hd,
+        device=CPU,
     )
     want, ref_calls = _spec_replay(num_chunks, first_frame, hd, seed)
     problems = []

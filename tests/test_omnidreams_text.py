@@ -110,16 +110,17 @@ def test_missing_folder_is_explained(tmp_path):
         te.load_text_encoder(str(tmp_path), torch.float32, torch.device("cpu"))
 
 
-def test_encoder_lives_on_cpu_and_visits_the_device_only_while_encoding(encoder_folder, monkeypatch):
-    """The 7B encoder must not hold accelerator memory between prompts: loaded on CPU, moved to the
-    device inside encode_prompt and back in a `finally` (also when the forward fails), then
-    compat.free_memory()."""
-    target = torch.device("cpu")  # the only device here; the moves are recorded instead
-    enc = te.load_text_encoder(encoder_folder, torch.float32, target)
-    assert enc.device == target and next(enc.model.parameters()).device.type == "cpu"
+def test_encoder_is_loaded_by_model_management_and_releases_activations(encoder_folder, monkeypatch):
+    """The 7B encoder belongs to ComfyUI's model management: encode_prompt asks it to load the encoder
+    (ComfyUI evicts it when the DiT needs room), runs on the load device and releases its activations
+    (compat.free_memory), also when the forward fails."""
+    enc = te.load_text_encoder(encoder_folder, torch.float32, torch.device("cpu"))
+    assert enc.patcher.load_device == torch.device("cpu") and next(enc.model.parameters()).device.type == "cpu"
     log = []
-    real_to, real_forward = enc.model.to, enc.model.forward
-    monkeypatch.setattr(enc.model, "to", lambda *a, **kw: (log.append(("to", str(a[0]))), real_to(*a, **kw))[1])
+    real_load, real_forward = te.compat.load_models, enc.model.forward
+    monkeypatch.setattr(
+        te.compat, "load_models", lambda ps, *a: (log.append(("load", [p.model.module for p in ps])), real_load(ps))[1]
+    )
     monkeypatch.setattr(te.compat, "free_memory", lambda: log.append(("free",)))
 
     def forward(*args, **kw):
@@ -128,7 +129,7 @@ def test_encoder_lives_on_cpu_and_visits_the_device_only_while_encoding(encoder_
 
     monkeypatch.setattr(enc.model, "forward", forward)
     te.encode_prompt(enc, "a car")
-    assert log == [("to", "cpu"), ("forward", "cpu"), ("to", "cpu"), ("free",)]
+    assert log == [("load", [enc.model]), ("forward", "cpu"), ("free",)]
 
     log.clear()
 
@@ -139,4 +140,21 @@ def test_encoder_lives_on_cpu_and_visits_the_device_only_while_encoding(encoder_
     monkeypatch.setattr(enc.model, "forward", failing)
     with pytest.raises(RuntimeError, match="out of memory"):
         te.encode_prompt(enc, "a car")
-    assert log == [("to", "cpu"), ("forward",), ("to", "cpu"), ("free",)]  # back to CPU all the same
+    assert log == [("load", [enc.model]), ("forward",), ("free",)]  # released all the same
+
+
+def test_prompt_schedule_node_encodes_each_prompt_once(encoder):
+    from omnivideo.models.handles import OmniDreamsConditioning
+    from omnivideo.nodes.omnidreams import OmniDreamsPromptSchedule
+
+    first = torch.randn(1, 16, 1, 4, 6)
+    cond = OmniDreamsConditioning(text=te.encode_prompt(encoder, "a car"), first_frame=first)
+    node = OmniDreamsPromptSchedule
+    out = node.execute(cond, encoder, "0: a car drives, down the road\n40: night")[0]
+    assert torch.equal(out.text, te.encode_prompt(encoder, "a car drives, down the road"))
+    assert [k for k, _ in out.schedule] == [40] and torch.equal(out.schedule[0][1], te.encode_prompt(encoder, "night"))
+    assert out.first_frame is first  # the rest of the conditioning is kept
+    later = node.execute(cond, encoder, "8: night")[0]  # no entry for chunk 0: the connected prompt holds until 8
+    assert later.text is cond.text and [k for k, _ in later.schedule] == [8]
+    assert "must start with a chunk index" in node.validate_inputs(schedule="night")
+    assert node.validate_inputs(schedule="0: a, 3: b") is True

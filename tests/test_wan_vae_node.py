@@ -1,59 +1,90 @@
-"""OmniVideo Wan VAE Decode as ComfyUI calls it: core VAE object + LATENT dict in, IMAGE out."""
+"""OmniVideo Wan VAE Decode's schema and its clear errors, raised before any heavy work (no ComfyUI needed:
+the VAE object is a stand-in whose decode must never be reached)."""
 
 import pytest
 import torch
-from support.wan_vae_fixtures import (
-    CONFIGS,
-    FakeComfyVAE,
-    StateDictModule,
-    tiny_latent,
-    tiny_wan_vae,
-    to_original_names,
-)
 
-from omnivideo.models.wan_vae.convert import CACHE_ATTR
+from omnivideo.backends import resolve
+from omnivideo.models.wan_vae.fused import fused_decode, wan_version
 from omnivideo.nodes import node_classes
+from omnivideo.pipelines.wan_decode import select_fusion
 
 Decode = node_classes()["OmniVideoWanVAEDecode"]
 
 
-def _comfy_vae(version):
-    """A tiny Wan VAE as core VAELoader would hand it over (original key names)."""
-    model = tiny_wan_vae(version)
-    config = CONFIGS[version]
-    original = to_original_names(model.state_dict(), config["num_res_blocks"], nested=version == "2.2")
-    return model, FakeComfyVAE(StateDictModule(original), latent_channels=config["z_dim"])
+def _comfy_class(name: str, module: str):
+    """A class that duck-types as one of ComfyUI's Wan VAE classes (same module and class name)."""
+    return type(name, (torch.nn.Module,), {"__module__": module})
 
 
-@pytest.mark.parametrize("fusion", ["torch", "off"])
-@pytest.mark.parametrize("version", ["2.1", "2.2"])
-def test_node_matches_diffusers_pixels(version, fusion):
-    model, vae = _comfy_vae(version)
-    z = tiny_latent(model, frames=2)
-    with torch.no_grad():
-        video = model.decode(z).sample  # [B, C, F, H, W] in [-1, 1]
-    expected = ((video.float() + 1.0) / 2.0).clamp(0, 1).movedim(1, -1).flatten(0, 1)
+class NoDecode:
+    """core VAE object stand-in: errors must come before core's decode."""
 
-    images = Decode.execute(vae=vae, samples={"samples": z}, fusion=fusion).args[0]
-    assert images.shape == (1 + 4 * (z.shape[2] - 1), *expected.shape[1:3], 3)  # core VAEDecode's frame count
-    assert images.dtype == torch.float32 and images.is_contiguous()
-    assert torch.equal(images, expected)
-    assert getattr(vae, CACHE_ATTR) is not None  # converted once, kept on the VAE object
+    def __init__(self, model):
+        self.first_stage_model = model
+
+    def decode(self, *_):
+        raise AssertionError("decoded although the input is invalid")
 
 
-def test_node_rejects_wrong_latent_before_decoding():
-    _, vae = _comfy_vae("2.1")
-    with pytest.raises(ValueError, match="48 channels but this Wan 2.1 VAE decodes 4-channel latents.*wan2.2_vae"):
-        Decode.execute(vae=vae, samples={"samples": torch.zeros(1, 48, 2, 4, 4)}, fusion="auto")
+def _wan(version="2.1", z_dim=16):
+    model = _comfy_class("WanVAE", "comfy.ldm.wan.vae" if version == "2.1" else "comfy.ldm.wan.vae2_2")()
+    model.z_dim = z_dim
+    return NoDecode(model)
 
 
-def test_node_rejects_nan_latent_before_converting_the_vae():
-    _, vae = _comfy_vae("2.1")
-    z = torch.zeros(1, 4, 2, 4, 4)
-    z[0, 0, 1] = float("inf")
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((1, 48, 2, 4, 4), "48 channels but this Wan 2.1 VAE decodes 16-channel latents.*wan2.2_vae"),
+        ((1, 5, 2, 4, 4), "5 channels but this Wan 2.1 VAE decodes 16-channel latents.$"),
+        ((1, 16, 4, 4), r"needs a video latent \[B, C, T, H, W\]"),
+        ((1, 16, 0, 4, 4), "empty"),
+    ],
+)
+def test_node_rejects_wrong_latent_before_decoding(shape, message):
+    with pytest.raises(ValueError, match=message):
+        Decode.execute(vae=_wan(), samples={"samples": torch.zeros(shape)}, fusion="auto")
+
+
+def test_node_names_the_wan22_vae_for_a_48_channel_latent_only_on_21():
+    with pytest.raises(ValueError, match="16 channels but this Wan 2.2 VAE decodes 48-channel.*wan_2.1_vae"):
+        Decode.execute(vae=_wan("2.2", 48), samples={"samples": torch.zeros(1, 16, 2, 4, 4)}, fusion="auto")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_node_rejects_non_finite_latent(bad):
+    z = torch.zeros(1, 16, 2, 4, 4)
+    z[0, 0, 1] = bad
     with pytest.raises(ValueError, match="NaN or Inf"):
-        Decode.execute(vae=vae, samples={"samples": z}, fusion="auto")
-    assert getattr(vae, CACHE_ATTR, None) is None  # failed before the conversion
+        Decode.execute(vae=_wan(), samples={"samples": z}, fusion="auto")
+
+
+def test_node_rejects_other_vaes():
+    sd_vae = NoDecode(_comfy_class("AutoencoderKL", "comfy.ldm.models.autoencoder")())
+    with pytest.raises(ValueError, match="needs a Wan 2.1 or 2.2 VAE.*AutoencoderKL"):
+        Decode.execute(vae=sd_vae, samples={"samples": torch.zeros(1, 16, 2, 4, 4)}, fusion="auto")
+    lookalike = NoDecode(_comfy_class("WanVAE", "someone_else.wan")())  # same class name, not ComfyUI's
+    with pytest.raises(ValueError, match="needs a Wan 2.1 or 2.2 VAE"):
+        Decode.execute(vae=lookalike, samples={"samples": torch.zeros(1, 16, 2, 4, 4)}, fusion="auto")
+
+
+def test_wan_version_by_module():
+    assert wan_version(_wan("2.1").first_stage_model) == "2.1"
+    assert wan_version(_wan("2.2").first_stage_model) == "2.2"
+    assert wan_version(_comfy_class("Decoder3d", "comfy.ldm.wan.vae")()) is None
+    with pytest.raises(TypeError, match="not ComfyUI's Wan VAE"):
+        with fused_decode(torch.nn.Linear(1, 1), "reference"):
+            pass
+
+
+def test_select_fusion_maps_node_choices():
+    assert select_fusion("off") == ("reference", None)
+    name, ops = select_fusion("torch")
+    assert name == "torch_fused" and callable(ops.cat_pad_5d) and callable(ops.dup_up3d_add)
+    assert select_fusion("auto")[0] == resolve("wan_vae", "auto").name
+    with pytest.raises(ValueError, match="fusion must be one of"):
+        select_fusion("fast")
 
 
 def test_schema_lists_fusion_choices():
@@ -61,3 +92,4 @@ def test_schema_lists_fusion_choices():
     fusion = next(i for i in schema.inputs if i.id == "fusion")
     assert fusion.options["options"] == ["auto", "triton", "torch", "off"]
     assert [i.id for i in schema.inputs] == ["vae", "samples", "fusion"]
+    assert "same pixels as core VAE Decode" in schema.description

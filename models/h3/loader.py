@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,18 @@ import torch
 from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
 from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
 from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoRotaryPosEmbed
-from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
+from diffusers.models.transformers.transformer_minimax_h3 import (
+    MiniMaxH3AdaLayerNormModulation,
+    MiniMaxH3RotaryPosEmbed,
+)
 
-from ...backends import resolve_dtype
+from ... import compat
+from ...backends import PLATFORM, resolve_weight_dtype
 from ..checkpoint_io import (
     CheckpointError,
     build_strict,
     check_safetensors,
+    dequantize_scaled_fp8,
     read_json,
     read_safetensors,
 )
@@ -183,12 +189,16 @@ def load_component(root: Path, sub: str, dtype: torch.dtype):
     return build_component(CLASSES[sub], config, _read_state_dict(files), dtype, str(root / sub))
 
 
-def convert_single_file(path: str | os.PathLike, config: dict) -> dict[str, torch.Tensor]:
-    """A single-file H3 transformer (ComfyUI / original keys, or already diffusers keys) -> diffusers keys."""
+def convert_single_file(
+    path: str | os.PathLike, config: dict, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    """A single-file H3 transformer (ComfyUI / original keys, or already diffusers keys; plain or ComfyUI's
+    scaled fp8, dequantized to `dtype`) -> diffusers keys."""
     sd = read_safetensors(str(path))
     for prefix in COMFY_PREFIXES:
         if any(k.startswith(prefix) for k in sd):
             sd = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()}
+    sd = dequantize_scaled_fp8(sd, dtype)
     if "adaln_t_table" in sd:
         raise H3LoadError(
             f"{path} is a pruned MiniMax-H3 checkpoint: it stores adaln_t_table {tuple(sd['adaln_t_table'].shape)} "
@@ -257,9 +267,11 @@ def load_h3(
     device: torch.device | None = None,
     attention=None,
 ):
-    """-> (H3Model, video VAE, audio VAE). Everything stays on CPU until a node runs it."""
-
-    dtype = resolve_dtype(dtype, device)
+    """-> (H3Model, video VAE, audio VAE): each network held by a ComfyUI ModelPatcher, its weights on the CPU
+    until ComfyUI loads them. `dtype` may be 'fp8_e4m3fn' (block matrices stored in fp8, computing in the 'auto'
+    dtype); `device` is where they run outside ComfyUI (default: the backend registry's)."""
+    device = device or PLATFORM.device
+    weight_dtype, dtype = resolve_weight_dtype(dtype, device)
     root = check_folder(folder, need_transformer_weights=transformer_file is None)
     subs = ("vae", "audio_vae") if transformer_file is not None else ("transformer", "vae", "audio_vae")
     files = [f for sub in subs for f in _weight_files(root / sub)] + ([transformer_file] if transformer_file else [])
@@ -270,23 +282,24 @@ def load_h3(
         transformer = build_component(
             MiniMaxH3Transformer3DModel,
             config,
-            convert_single_file(transformer_file, config),
+            convert_single_file(transformer_file, config, dtype),
             dtype,
             str(transformer_file),
         )
     else:
         transformer = load_component(root, "transformer", dtype)
-    vae = load_component(root, "vae", torch.float32 if dtype == torch.float32 else dtype)
+    if weight_dtype != dtype:
+        store_blocks_in(transformer, weight_dtype, dtype)
+    compat.make_castable(transformer, compat.operations(weight_dtype, dtype, device))
+    vae_dtype = torch.float32 if dtype == torch.float32 else dtype
+    vae = load_component(root, "vae", vae_dtype)
     audio_vae = load_component(root, "audio_vae", torch.float32)  # the audio VAE stays fp32
+    for net, net_dtype in ((vae, vae_dtype), (audio_vae, torch.float32)):
+        compat.make_castable(net, compat.operations(net_dtype, net_dtype, device))
     video_cfg, audio_cfg = scheduler_configs(root)
-    if device is None:
-        from ...backends import PLATFORM
-
-        device = PLATFORM.device
     model = H3Model(
-        transformer=transformer,
+        patcher=compat.manage(transformer, "diffusion", device),
         dtype=dtype,
-        device=device,
         attention=attention,
         geometry=geometry_of(transformer, vae, audio_vae),
         latent_norm=latent_norm_of(vae, audio_vae),
@@ -294,4 +307,23 @@ def load_h3(
         audio_scheduler_config=audio_cfg,
         source=str(root),
     )
-    return model, vae, audio_vae
+    return model, compat.manage(vae, "vae", device), compat.manage(audio_vae, "vae", device)
+
+
+def store_blocks_in(transformer: MiniMaxH3Transformer3DModel, weight_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    """fp8 weights: every matrix of the token refiner and the block stack (AdaLN projections included: all but ~1%
+    of the weights) is stored in `weight_dtype`; ComfyUI's cast layers compute with it in `dtype`."""
+    for name, module in transformer.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.startswith(("transformer_blocks.", "token_refiner.")):
+            module.weight.data = module.weight.data.to(weight_dtype)
+        elif isinstance(module, MiniMaxH3AdaLayerNormModulation):
+            module.compute_dtype = dtype
+            module.forward = types.MethodType(_modulation_forward, module)
+
+
+def _modulation_forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # Copied from diffusers' MiniMaxH3AdaLayerNormModulation.forward, casting to the compute dtype instead of its
+    # projection's parameter dtype (fp8 storage is not a dtype to compute in).
+    temb = self.linear(torch.nn.functional.silu(temb).to(self.compute_dtype))
+    temb = temb.view(-1, 6 * self.hidden_size)
+    return temb.chunk(6, dim=-1)

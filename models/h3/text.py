@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
 
+from ... import compat
 from ..checkpoint_io import read_json
 from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
@@ -33,11 +35,15 @@ def vision_rows(tags: torch.Tensor) -> int:
 
 @dataclass
 class H3TextEncoder:
-    model: torch.nn.Module  # Qwen3VLForConditionalGeneration
+    patcher: Any  # ComfyUI's ModelPatcher of the Qwen3VLForConditionalGeneration (compat.manage)
     tokenizer: object
     processor: object  # Qwen3VLProcessor
     layer: int = DEFAULT_LAYER
     source: str = ""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.patcher.model.module
 
 
 def _parts(folder: Path) -> tuple[Path, Path, Path]:
@@ -61,8 +67,12 @@ def encoder_folder_problem(folder: str | os.PathLike) -> str | None:
 
 
 def load_text_encoder(
-    folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, layer: int = DEFAULT_LAYER
+    folder: str | os.PathLike,
+    dtype: torch.dtype = torch.bfloat16,
+    layer: int = DEFAULT_LAYER,
+    device: torch.device | None = None,
 ) -> H3TextEncoder:
+    """A local Qwen3-VL folder, handed to ComfyUI's model management (`device`: where it runs outside ComfyUI)."""
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
     folder = Path(folder)
@@ -86,7 +96,10 @@ def load_text_encoder(
         processor = Qwen3VLProcessor.from_pretrained(proc_dir, tokenizer=tokenizer, local_files_only=True)
     except OSError as exc:
         raise FileNotFoundError(f"Qwen3-VL files missing under {folder}: {exc}") from None
-    return H3TextEncoder(model.eval().requires_grad_(False), tokenizer, processor, layer, str(folder))
+    device = device or torch.device("cpu")
+    compat.make_castable(model, compat.operations(dtype, dtype, device))
+    patcher = compat.manage(model.eval().requires_grad_(False), "text_encoder", device)
+    return H3TextEncoder(patcher, tokenizer, processor, layer, str(folder))
 
 
 def presentation(tokenizer, processor, prompt: str, keyframes: list) -> tuple[list[int], list[int], dict]:
@@ -109,17 +122,20 @@ def presentation(tokenizer, processor, prompt: str, keyframes: list) -> tuple[li
 
 
 @torch.no_grad()
-def encode_prompt(
-    te: H3TextEncoder, prompt: str, keyframes: list | tuple = (), device: torch.device | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (embeds [1, N, text_dim] in the encoder's dtype on CPU, tags [N] long)."""
+def encode_prompt(te: H3TextEncoder, prompt: str, keyframes: list | tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (embeds [1, N, text_dim] in the encoder's dtype on CPU, tags [N] long), run where ComfyUI loads it."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("The H3 prompt must be a non-empty string.")
-    device = device or next(te.model.parameters()).device
     token_ids, tags, vision = presentation(te.tokenizer, te.processor, prompt, list(keyframes))
-    te.model.to(device)
+    model = compat.loaded(te.patcher)
     embeds = get_qwen3vl_prompt_embeds(
-        te.model, te.processor, token_ids, vision, text_encoder_layer=te.layer, device=device, dtype=te.model.dtype
+        model,
+        te.processor,
+        token_ids,
+        vision,
+        text_encoder_layer=te.layer,
+        device=te.patcher.load_device,
+        dtype=model.dtype,
     )
     return embeds.cpu(), torch.tensor(tags, dtype=torch.long)
 

@@ -7,6 +7,7 @@ a time; past chunks reach it only through the K/V cache passed to `forward`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -14,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...attention.dispatch import attention
+from ...attention.config import normalize_config
+from ...attention.dispatch import bind
 from ...attention.layout import AttnLayout
 
 
@@ -60,23 +62,19 @@ class OmniDreamsConfig:
 # ---------------------------------------------------------------------------- attention
 
 
-def _attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    attention_config=None,
-    grid: tuple[int, int, int] | None = None,
-    layer: int | None = None,
-) -> torch.Tensor:
-    """q [B,Sq,H,D], k/v [B,Sk,H,D] -> [B,Sq,H,D]; no mask: bidirectional over what is given.
-
-    The one place the DiT's attention meets the registry (OMNIVIDEO_ATTENTION config; None = the
-    fastest exact backend). `grid` is the chunk's (t, h, w) token grid: the video layout a sparse
-    backend needs; with cached history (Sk > Sq) such backends fall back to dense by themselves.
-    """
-    layout = AttnLayout(0, grid) if grid is not None else None
-    return attention(q, k, v, attention_config, scale=scale, layout=layout, layer=layer)
+def bind_attention(attention_config, num_layers: int) -> list[tuple]:
+    """Per block, its (self-attention, cross-attention) calls, resolved through the registry before the blocks run
+    (a compiled block holds only the kernel call): `fn(q [B,Sq,H,D], k/v [B,Sk,H,D], *, scale, layout)` ->
+    [B,Sq,H,D], no mask. Self-attention follows the OMNIVIDEO_ATTENTION config (None = the fastest exact backend)
+    and gets the chunk's (t, h, w) token grid, the video layout a sparse backend needs (with cached history,
+    Sk > Sq, such backends fall back to dense by themselves); a sparse config also learns the layer (its
+    skip_layers). Cross-attention over the 512 text tokens is always dense. Dense calls are the same function
+    for every block."""
+    config = normalize_config(attention_config)
+    attend_self, attend_cross = bind(config), bind(None)
+    if not config.is_sparse:
+        return [(attend_self, attend_cross)] * num_layers
+    return [(functools.partial(attend_self, layer=i), attend_cross) for i in range(num_layers)]
 
 
 # ---------------------------------------------------------------------------- RoPE
@@ -148,9 +146,9 @@ def timestep_sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, in_features: int, dim: int):
+    def __init__(self, in_features: int, dim: int, ops):
         super().__init__()
-        self.proj = nn.Sequential(nn.Identity(), nn.Linear(in_features, dim, bias=False))  # key: proj.1
+        self.proj = nn.Sequential(nn.Identity(), ops.Linear(in_features, dim, bias=False))  # key: proj.1
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.proj(tokens)
@@ -159,29 +157,29 @@ class PatchEmbed(nn.Module):
 class TimestepEmbedding(nn.Module):
     """Sinusoid -> the adaLN-LoRA term (3*C); linear_1 has no bias when adaLN-LoRA is used."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, ops):
         super().__init__()
-        self.linear_1 = nn.Linear(dim, dim, bias=False)
-        self.linear_2 = nn.Linear(dim, 3 * dim, bias=False)
+        self.linear_1 = ops.Linear(dim, dim, bias=False)
+        self.linear_2 = ops.Linear(dim, 3 * dim, bias=False)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         return self.linear_2(F.silu(self.linear_1(s)))
 
 
-def _adaln(dim: int, rank: int, chunks: int) -> nn.Sequential:
-    return nn.Sequential(nn.SiLU(), nn.Linear(dim, rank, bias=False), nn.Linear(rank, chunks * dim, bias=False))
+def _adaln(dim: int, rank: int, chunks: int, ops) -> nn.Sequential:
+    return nn.Sequential(nn.SiLU(), ops.Linear(dim, rank, bias=False), ops.Linear(rank, chunks * dim, bias=False))
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, context_dim: int, heads: int):
+    def __init__(self, dim: int, context_dim: int, heads: int, ops):
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
-        self.q_proj = nn.Linear(dim, dim, bias=False)
-        self.k_proj = nn.Linear(context_dim, dim, bias=False)
-        self.v_proj = nn.Linear(context_dim, dim, bias=False)
-        self.output_proj = nn.Linear(dim, dim, bias=False)
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.q_proj = ops.Linear(dim, dim, bias=False)
+        self.k_proj = ops.Linear(context_dim, dim, bias=False)
+        self.v_proj = ops.Linear(context_dim, dim, bias=False)
+        self.output_proj = ops.Linear(dim, dim, bias=False)
+        self.q_norm = ops.RMSNorm(self.head_dim, eps=1e-6)
+        self.k_norm = ops.RMSNorm(self.head_dim, eps=1e-6)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.heads, self.head_dim))
@@ -194,46 +192,49 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, ops):
         super().__init__()
-        self.layer1 = nn.Linear(dim, hidden, bias=False)
-        self.layer2 = nn.Linear(hidden, dim, bias=False)
+        self.layer1 = ops.Linear(dim, hidden, bias=False)
+        self.layer2 = ops.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer2(F.gelu(self.layer1(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: OmniDreamsConfig):
+    def __init__(self, cfg: OmniDreamsConfig, ops):
         super().__init__()
         dim, rank = cfg.model_channels, cfg.adaln_lora_dim
-        self.self_attn = Attention(dim, dim, cfg.num_heads)
-        self.cross_attn = Attention(dim, cfg.text_dim, cfg.num_heads)
-        self.mlp = MLP(dim, cfg.mlp_hidden)
-        self.adaln_modulation_self_attn = _adaln(dim, rank, 3)
-        self.adaln_modulation_cross_attn = _adaln(dim, rank, 3)
-        self.adaln_modulation_mlp = _adaln(dim, rank, 3)
+        self.self_attn = Attention(dim, dim, cfg.num_heads, ops)
+        self.cross_attn = Attention(dim, cfg.text_dim, cfg.num_heads, ops)
+        self.mlp = MLP(dim, cfg.mlp_hidden, ops)
+        self.adaln_modulation_self_attn = _adaln(dim, rank, 3, ops)
+        self.adaln_modulation_cross_attn = _adaln(dim, rank, 3, ops)
+        self.adaln_modulation_mlp = _adaln(dim, rank, 3, ops)
 
     @staticmethod
     def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
 
-    def forward(self, x, emb, lora, rope, grid, cross_kv, kv_cache, index, attention_config):
+    def forward(self, x, emb, lora, rope, grid, cross_kv, window, attend):
+        """`window`: this block's view of the KV cache (`kv_cache.block(i)`) or None; `attend`: its (self, cross)
+        attention calls. No block index reaches the block, so all blocks share one compiled graph."""
         shift, scale, gate = (self.adaln_modulation_self_attn(emb) + lora).chunk(3, dim=-1)
         h = self._modulate(x, shift, scale)
         attn = self.self_attn
         q = apply_rope(attn.query(h), *rope)
         k, v = attn.key_value(h)
         k = apply_rope(k, *rope)
-        if kv_cache is not None:  # K/V enter the cache after RoPE; attend over the visible window
-            k, v = kv_cache.update(index, k, v)
-        out = _attention(q, k, v, 1.0 / math.sqrt(attn.head_dim), attention_config, grid, index)
+        if window is not None:  # K/V enter the cache after RoPE; attend over the visible window
+            k, v = window.update(k, v)
+        attend_self, attend_cross = attend
+        out = attend_self(q, k, v, scale=1.0 / math.sqrt(attn.head_dim), layout=AttnLayout(0, grid))
         x = x + gate * attn.output_proj(out.flatten(2))
 
         shift, scale, gate = (self.adaln_modulation_cross_attn(emb) + lora).chunk(3, dim=-1)
         h = self._modulate(x, shift, scale)
         q = self.cross_attn.query(h)
-        out = _attention(q, *cross_kv, 1.0 / math.sqrt(attn.head_dim))  # all 512 text tokens, dense, no mask
+        out = attend_cross(q, *cross_kv, scale=1.0 / math.sqrt(attn.head_dim))  # all 512 text tokens
         x = x + gate * self.cross_attn.output_proj(out.flatten(2))
 
         shift, scale, gate = (self.adaln_modulation_mlp(emb) + lora).chunk(3, dim=-1)
@@ -241,10 +242,10 @@ class Block(nn.Module):
 
 
 class FinalLayer(nn.Module):
-    def __init__(self, cfg: OmniDreamsConfig):
+    def __init__(self, cfg: OmniDreamsConfig, ops):
         super().__init__()
-        self.adaln_modulation = _adaln(cfg.model_channels, cfg.adaln_lora_dim, 2)
-        self.linear = nn.Linear(cfg.model_channels, cfg.patch_volume * cfg.out_channels, bias=False)
+        self.adaln_modulation = _adaln(cfg.model_channels, cfg.adaln_lora_dim, 2, ops)
+        self.linear = ops.Linear(cfg.model_channels, cfg.patch_volume * cfg.out_channels, bias=False)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor, lora: torch.Tensor) -> torch.Tensor:
         dim = x.shape[-1]
@@ -254,42 +255,45 @@ class FinalLayer(nn.Module):
 
 class OmniDreamsDiT(nn.Module):
     """Expects the load-time fused layout: x_embedder without the padding-mask columns and final
-    layer rows in (c kt kh kw) order (see models/omnidreams/loader.py)."""
+    layer rows in (c kt kh kw) order (see models/omnidreams/loader.py).
 
-    def __init__(self, config: OmniDreamsConfig):
+    `operations` supplies the layer classes (ComfyUI's cast layers inside ComfyUI, so its model management
+    can stream weights; torch.nn by default) and `dtype` is the compute dtype: the weights may be stored in
+    another (fp8) and are cast per forward by those layers. The device is the inputs' device.
+    """
+
+    def __init__(self, config: OmniDreamsConfig, operations=nn, dtype: torch.dtype = torch.float32):
         super().__init__()
         cfg = self.config = config
+        ops = operations
+        self.dtype = dtype
         dim = cfg.model_channels
-        self.x_embedder = PatchEmbed(cfg.x_embed_in, dim)
-        self.additional_patch_embedding = PatchEmbed(cfg.hdmap_channels * cfg.patch_volume, dim)
-        self.t_embedder = nn.Sequential(nn.Identity(), TimestepEmbedding(dim))  # key: t_embedder.1
-        self.t_embedding_norm = nn.RMSNorm(dim, eps=1e-6)
-        self.crossattn_proj = nn.Sequential(nn.Linear(cfg.text_in_dim, cfg.text_dim, bias=True), nn.GELU())
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_blocks))
-        self.final_layer = FinalLayer(cfg)
+        self.x_embedder = PatchEmbed(cfg.x_embed_in, dim, ops)
+        self.additional_patch_embedding = PatchEmbed(cfg.hdmap_channels * cfg.patch_volume, dim, ops)
+        self.t_embedder = nn.Sequential(nn.Identity(), TimestepEmbedding(dim, ops))  # key: t_embedder.1
+        self.t_embedding_norm = ops.RMSNorm(dim, eps=1e-6)
+        self.crossattn_proj = nn.Sequential(ops.Linear(cfg.text_in_dim, cfg.text_dim, bias=True), nn.GELU())
+        self.blocks = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.num_blocks))
+        self.final_layer = FinalLayer(cfg, ops)
         self._rope_memo: tuple | None = None  # (key, (cos, sin)) of the last chunk
+        self._compiled: list | None = None  # torch.compile'd views of the blocks, made on first use
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._patch_weight().dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._patch_weight().device
-
-    def _patch_weight(self) -> torch.Tensor:
-        linear: nn.Linear = self.x_embedder.proj[1]  # type: ignore[assignment]  # nn.Sequential item
-        return linear.weight
+    def compiled_blocks(self) -> list:
+        """The blocks under torch.compile (made once; they share the blocks' weights). No block index or attention
+        lookup reaches a block, so all blocks share one graph, recompiled once while the KV window fills."""
+        if self._compiled is None:
+            self._compiled = [torch.compile(block) for block in self.blocks]
+        return self._compiled
 
     @torch.no_grad()
     def cross_kv(self, text: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-block cross-attention K/V of one prompt: constant for the whole rollout."""
-        ctx = self.crossattn_proj(text.to(self.device, self.dtype))
+        """Per-block cross-attention K/V of one prompt (on its device): constant for the whole rollout."""
+        ctx = self.crossattn_proj(text.to(self.dtype))
         return [block.cross_attn.key_value(ctx) for block in self.blocks]  # type: ignore[union-attr, operator]
 
-    def embed_timestep(self, t: float, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed_timestep(self, t: float, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        t_net = torch.tensor([t], dtype=cfg.timestep_dtype).float().expand(batch).to(self.device)
+        t_net = torch.tensor([t], dtype=cfg.timestep_dtype).float().expand(batch).to(device)
         s = timestep_sinusoid(t_net * cfg.timestep_scale, cfg.model_channels).to(self.dtype)
         return self.t_embedding_norm(s)[:, None], self.t_embedder[1](s)[:, None]
 
@@ -304,32 +308,37 @@ class OmniDreamsDiT(nn.Module):
         t_offset: int = 0,
         kv_cache=None,
         attention_config: dict | None = None,
+        compiled: bool = False,
     ) -> torch.Tensor:
         """x [B,16,T,H,W] (model latent space) at scalar timestep t -> flow [B,16,T,H,W] (float32).
 
         cond_mask [B,1,T,H,W] is 1 on pinned frame-0 latents; hdmap [B,16,T,H,W] or None (= zeros);
-        t_offset is the chunk's first latent-frame index for RoPE; kv_cache has
-        `update(block_index, k, v) -> (k_visible, v_visible)`.
+        t_offset is the chunk's first latent-frame index for RoPE; kv_cache has `block(i)` -> that block's
+        window with `update(k, v) -> (k_visible, v_visible)` (RollingKVCache); compiled: run the blocks under
+        torch.compile (`compiled_blocks`).
         """
         cfg = self.config
         p, pt = cfg.patch_spatial, cfg.patch_temporal
         b, _, t_len, h, w = x.shape
         if h % p or w % p or t_len % pt:
             raise ValueError(f"latent size {t_len}x{h}x{w} is not divisible by the patch ({pt},{p},{p})")
-        x = x.to(self.device, self.dtype)
+        x = x.to(self.dtype)
         if cond_mask is None:
             cond_mask = torch.zeros_like(x[:, :1])
         tokens = torch.cat([patchify(x, p, pt), patchify(cond_mask.to(x), p, pt)], dim=-1)
         hidden = self.x_embedder(tokens)
         if hdmap is not None:  # absent = zeros, whose (bias-free) embedding is zero
             hidden = hidden + self.additional_patch_embedding(patchify(hdmap.to(x), p, pt))
-        emb, lora = self.embed_timestep(t, b)
+        emb, lora = self.embed_timestep(t, b, x.device)
         grid = (t_len // pt, h // p, w // p)
-        key = (grid, t_offset, self.device)
+        key = (grid, t_offset, x.device)
         if self._rope_memo is None or self._rope_memo[0] != key:  # the 3 calls of a chunk share it
-            self._rope_memo = (key, rope_cos_sin(cfg, *grid, t_offset=t_offset, device=self.device))
+            self._rope_memo = (key, rope_cos_sin(cfg, *grid, t_offset=t_offset, device=x.device))
         rope = self._rope_memo[1]
-        for index, block in enumerate(self.blocks):
-            hidden = block(hidden, emb, lora, rope, grid, cross_kv[index], kv_cache, index, attention_config)
+        attend = bind_attention(attention_config, len(self.blocks))
+        blocks = self.compiled_blocks() if compiled else self.blocks
+        for index, block in enumerate(blocks):
+            window = kv_cache.block(index) if kv_cache is not None else None
+            hidden = block(hidden, emb, lora, rope, grid, cross_kv[index], window, attend[index])
         out = self.final_layer(hidden, emb, lora)
         return unpatchify(out.float(), cfg.out_channels, *grid, p, pt)

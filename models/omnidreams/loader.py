@@ -14,8 +14,16 @@ import os
 import re
 
 import torch
+from torch import nn
 
-from ..checkpoint_io import CheckpointError, build_strict, read_safetensors, read_torch_file
+from ..checkpoint_io import (
+    CheckpointError,
+    build_strict,
+    dequantize_scaled_fp8,
+    read_safetensors,
+    read_torch_file,
+    store_weights,
+)
 from .dit import OmniDreamsConfig, OmniDreamsDiT
 
 PREFIX = "net."
@@ -107,20 +115,34 @@ def fuse_state_dict(sd: dict[str, torch.Tensor], cfg: OmniDreamsConfig, name: st
     return out
 
 
+def fp8_candidate(key: str) -> bool:
+    """The matrices stored in fp8 when fp8 weights are chosen: the block stack and the text projection (all
+    but ~1% of the weights); the patch embedders, timestep MLP and final layer keep the compute dtype."""
+    return key.startswith(("blocks.", "crossattn_proj."))
+
+
 def build_dit(
-    sd: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, name: str = "checkpoint"
+    sd: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    *,
+    weight_dtype: torch.dtype | None = None,
+    operations=nn,
+    name: str = "checkpoint",
 ) -> OmniDreamsDiT:
-    """Stored-layout state dict -> an eval-mode DiT on `device` in `dtype`."""
+    """Stored-layout state dict -> an eval-mode DiT on the CPU computing in `dtype`, its block matrices stored
+    in `weight_dtype` (default `dtype`; fp8 needs cast layers in `operations`)."""
     cfg = infer_config(sd, name)
-    fused = {k: v.to(device=device, dtype=dtype) for k, v in fuse_state_dict(sd, cfg, name).items()}
+    sd = fuse_state_dict(dequantize_scaled_fp8(sd, dtype), cfg, name)
     model = build_strict(
-        lambda: OmniDreamsDiT(cfg),
-        fused,
+        lambda: OmniDreamsDiT(cfg, operations=operations, dtype=dtype),
+        store_weights(sd, weight_dtype or dtype, dtype, fp8_candidate),
         f"{name} does not match the OmniDreams DiT inferred from its shapes",
         "Use the complete checkpoint (e.g. 2b_res720p_30fps_i2v_hdmap_distilled.pt); partial loads are refused.",
     )
     return model.eval().requires_grad_(False)
 
 
-def load_omnidreams(path: str, dtype: torch.dtype, device: torch.device) -> OmniDreamsDiT:
-    return build_dit(read_state_dict(path), dtype, device, os.path.basename(path))
+def load_omnidreams(path: str, dtype: torch.dtype, weight_dtype: torch.dtype, operations=nn) -> OmniDreamsDiT:
+    return build_dit(
+        read_state_dict(path), dtype, weight_dtype=weight_dtype, operations=operations, name=os.path.basename(path)
+    )

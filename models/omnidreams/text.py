@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,10 +28,13 @@ MODEL_TYPE = "qwen2_5_vl"  # Cosmos-Reason1 is a Qwen2.5-VL model
 
 @dataclass
 class TextEncoder:
-    model: torch.nn.Module  # Qwen2_5_VLForConditionalGeneration (or its language model); kept on CPU
+    patcher: Any  # ComfyUI's ModelPatcher of the Qwen2_5_VLForConditionalGeneration (compat.manage)
     tokenizer: object
     path: str
-    device: torch.device = torch.device("cpu")  # where encode_prompt runs it
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.patcher.model.module
 
 
 def encoder_folder_problem(folder: str) -> str | None:
@@ -47,8 +51,9 @@ def encoder_folder_problem(folder: str) -> str | None:
 def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> TextEncoder:
     """A local Cosmos-Reason1 / Qwen2.5-VL folder (config.json, weights, tokenizer); never the network.
 
-    The model (~16 GB in bf16) stays in CPU memory; `encode_prompt` moves it to `device` for the
-    one forward pass and back, so it does not hold accelerator memory while the DiT samples."""
+    The model (~16 GB in bf16) is handed to ComfyUI's model management: `encode_prompt` has it loaded (fully or
+    partially) for the forward pass and ComfyUI evicts it when the DiT needs the room. `device` is where it
+    runs outside ComfyUI."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     problem = encoder_folder_problem(folder)
@@ -59,7 +64,8 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
         )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    return TextEncoder(model.eval().requires_grad_(False), tokenizer, folder, torch.device(device))
+    compat.make_castable(model, compat.operations(dtype, dtype, device))
+    return TextEncoder(compat.manage(model.eval().requires_grad_(False), "text_encoder", device), tokenizer, folder)
 
 
 def prompt_token_ids(tokenizer, prompt: str, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
@@ -78,21 +84,20 @@ def normalize_per_token(h: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def encode_prompt(encoder: TextEncoder, prompt: str) -> torch.Tensor:
-    """-> [1, 512, num_layers * hidden] float32 on CPU. Runs the model on `encoder.device` and
-    returns it to CPU afterwards, also when the forward fails or is interrupted."""
-    model = encoder.model
+    """-> [1, 512, num_layers * hidden] float32 on CPU, run where ComfyUI loads the encoder."""
     ids = prompt_token_ids(encoder.tokenizer, prompt)
     try:
-        model.to(encoder.device)
+        model = compat.loaded(encoder.patcher)
         # no attention_mask, on purpose; logits_to_keep=1: only hidden states are used, so the LM head
         # runs on one position instead of producing [512, vocab] logits (hidden states are unchanged)
-        out = model(input_ids=ids.to(encoder.device), output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        out = model(
+            input_ids=ids.to(encoder.patcher.load_device), output_hidden_states=True, use_cache=False, logits_to_keep=1
+        )
         states = out.hidden_states[1:]  # drop the embedding output: layers 1..L
         return torch.cat([normalize_per_token(h).cpu() for h in states], dim=-1)
     finally:
         out = states = None
-        model.to("cpu")
-        compat.free_memory()
+        compat.free_memory()  # the activations, also on interrupt; the weights are ComfyUI's to evict
 
 
 MADE_BY = "OmniDreams Text Encode"

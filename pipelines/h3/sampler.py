@@ -119,12 +119,11 @@ def sample(
     if latents.shape[0] - n_cond != layout.grid[0] * layout.grid[1] * layout.grid[2]:
         raise ValueError("keyframe latents do not match the canvas; re-run OmniVideo H3 Keyframes at this size.")
 
-    transformer = model.transformer
     bar = _progress_bar(progress, len(video_sched.timesteps))
     forward_kwargs = layout.forward_kwargs()
     text = None
     try:
-        transformer.to(device)
+        transformer = compat.loaded(model.patcher)  # ComfyUI places the weights (all, or what fits: the rest stream)
         text = conditioning.text.to(device)
         with torch.no_grad(), h3_attention(transformer, config) as attn_state:
             attn_state.expected = layout
@@ -155,8 +154,7 @@ def sample(
         return H3Latents(video_lat.to(out_device), audio_lat.to(out_device), shape.num_frames, geo.audio_sample_rate)
     finally:
         del latents, audio, text
-        transformer.to("cpu")  # offload, as Keyframes / Text Encode / Decode do with their models
-        compat.free_memory()
+        compat.free_memory()  # the activations, also on interrupt; the weights are ComfyUI's to evict
 
 
 def denormalize(model: H3Model, video: torch.Tensor, audio: torch.Tensor):

@@ -123,7 +123,8 @@ PROBE_PACK = textwrap.dedent('''
 
     class OmniVideoTestSink:
         """Test-only: an output node taking any value, so one node of ours can be validated and run alone.
-        Reports the paths holding OUTSIDE_MARKER this server has opened so far."""
+        Reports the paths holding OUTSIDE_MARKER this server has opened so far and the class names of the
+        networks ComfyUI's model management holds loaded (ours under their own class)."""
 
         @classmethod
         def INPUT_TYPES(cls):
@@ -135,7 +136,10 @@ PROBE_PACK = textwrap.dedent('''
         CATEGORY = "_for_testing"
 
         def sink(self, value):
-            return {"ui": {"opened": list(OPENED)}}
+            import comfy.model_management as mm
+
+            loaded = [type(getattr(p.model, "module", p.model)).__name__ for p in mm.loaded_models()]
+            return {"ui": {"opened": list(OPENED), "loaded_models": loaded}}
 
 
     NODE_CLASS_MAPPINGS = {"OmniVideoTestSaveTensor": OmniVideoTestSaveTensor, "OmniVideoTestSink": OmniVideoTestSink}
@@ -275,6 +279,35 @@ class ComfyServer:
         videos = sorted(self.output_dir.glob(prefix + "*.mp4"))
         assert videos, f"no video under {self.output_dir}; outputs: {entry['outputs']}"
         return videos[0]
+
+    # -- memory
+    def rss(self) -> int:
+        """The server process's resident set size in bytes."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc/<pid>/status")
+
+    def free(self, **flags) -> None:
+        """POST /free (unload_models / free_memory) and wait until the prompt worker has acted on it (it does
+        so between prompts): RSS settles."""
+        status, _ = self.request("/free", flags)
+        assert status == 200
+        before, deadline = self.rss(), time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            now = self.rss()
+            if abs(now - before) < 2 * 2**20:
+                return
+            before = now
+
+    def loaded_models(self) -> list[str]:
+        """Class names of the networks ComfyUI holds loaded now (a fresh prompt ending in OmniVideoTestSink)."""
+        graph = {
+            "1": {"class_type": "PrimitiveInt", "inputs": {"value": time.monotonic_ns() % 2**31}},  # never cached
+            "2": {"class_type": "OmniVideoTestSink", "inputs": {"value": ["1", 0]}},
+        }
+        return self.run(graph)["outputs"]["2"]["loaded_models"]
 
     # -- process
     def log(self) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,6 @@ pytestmark = pytest.mark.integration
 
 OUR_NODES = ("OmniVideoBackendInfo", "OmniVideoWanVAEDecode")
 FUSIONS = ("auto", "triton", "torch", "off")
-# Core VAEDecode vs ours, IMAGE values in [0, 1]. ComfyUI's Wan decoder is not bit-identical to diffusers';
-# in fp32 on CPU the two differ by ~1e-6 (measured with this random VAE). 1e-3 is a quarter of one 8-bit step.
-CORE_VS_OURS_TOL = 1e-3
 SMALL = {"width": 64, "height": 64, "length": 5}  # latent [1, 16, 2, 8, 8] -> 5 frames of 64x64
 
 
@@ -141,83 +137,3 @@ def test_t2v_workflow_passes_comfyui_validation(comfy_server, object_info, vae_f
     assert all(types == ["value_not_in_list"] for types in bad.values()), bad
 
 
-def test_core_vae_decode_vs_ours(comfy_server, vae_file, report):
-    """Same random latent, same VAE: core VAEDecode and our node at every fusion level.
-    All our levels must agree bit for bit; core vs ours within CORE_VS_OURS_TOL (reported)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    g = torch.Generator().manual_seed(1234)
-    latent = torch.randn(1, 16, 2, 8, 8, generator=g)
-    latent_name = f"omnivideo_{uuid.uuid4().hex[:8]}.latent"
-    # LoadLatent: "latent_format_version_0" marks a raw latent (no 1/0.18215 rescale)
-    save_file(
-        {"latent_tensor": latent, "latent_format_version_0": torch.tensor([])},
-        str(comfy_server.input_dir / latent_name),
-    )
-    tag = uuid.uuid4().hex[:8]
-    graph = {
-        "1": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
-        "2": {"class_type": "LoadLatent", "inputs": {"latent": latent_name}},
-        "3": {"class_type": "VAEDecode", "inputs": {"samples": ["2", 0], "vae": ["1", 0]}},
-        "4": {"class_type": "OmniVideoTestSaveTensor", "inputs": {"images": ["3", 0], "name": f"core_{tag}"}},
-    }
-    for i, fusion in enumerate(FUSIONS):
-        graph[str(10 + i)] = {
-            "class_type": "OmniVideoWanVAEDecode",
-            "inputs": {"vae": ["1", 0], "samples": ["2", 0], "fusion": fusion},
-        }
-        graph[str(20 + i)] = {
-            "class_type": "OmniVideoTestSaveTensor",
-            "inputs": {"images": [str(10 + i), 0], "name": f"ours_{fusion}_{tag}"},
-        }
-    comfy_server.run(graph, timeout=180)
-
-    def read(name):
-        return load_file(str(comfy_server.output_dir / f"{name}_{tag}.safetensors"))["images"]
-
-    core = read("core")
-    ours = {f: read(f"ours_{f}") for f in FUSIONS}
-    assert core.shape == (5, 64, 64, 3), core.shape
-    for fusion, img in ours.items():
-        assert img.shape == core.shape, f"fusion={fusion}: {tuple(img.shape)} vs core {tuple(core.shape)}"
-        assert 0.0 <= img.min() and img.max() <= 1.0, f"fusion={fusion}: values outside [0, 1]"
-    for fusion in FUSIONS[1:]:
-        assert torch.equal(ours[fusion], ours["auto"]), (
-            f"fusion={fusion} differs from auto by {(ours[fusion] - ours['auto']).abs().max().item():.3g}"
-        )
-    diff = (core - ours["auto"]).abs()
-    report.append(
-        f"core VAEDecode vs OmniVideoWanVAEDecode (64x64, 5 frames, random full-size Wan 2.1 VAE, CPU): "
-        f"max |diff| = {diff.max().item():.3g}, mean = {diff.mean().item():.3g} "
-        f"(tolerance {CORE_VS_OURS_TOL}); fusion levels {', '.join(FUSIONS)} bit-identical"
-    )
-    assert diff.max().item() <= CORE_VS_OURS_TOL, f"core vs ours max |diff| {diff.max().item():.3g}"
-
-
-def test_diffusers_in_this_process_vs_ours_in_comfyui(comfy_server, vae_file, report):
-    """Informational: diffusers' own decode (this interpreter's torch) of the same file and latent. Different
-    torch builds may round convolutions differently, so this reports rather than requires bit-equality."""
-    import torch
-    from diffusers import AutoencoderKLWan
-    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-    from safetensors.torch import load_file
-
-    outs = sorted(comfy_server.output_dir.glob("ours_auto_*.safetensors"))
-    latents = sorted(comfy_server.input_dir.glob("omnivideo_*.latent"))
-    if not outs or not latents:
-        pytest.skip("needs test_core_vae_decode_vs_ours to have run first")
-    ours = load_file(str(outs[-1]))["images"]
-    latent = load_file(str(latents[-1]))["latent_tensor"]
-    sd = load_file(str(comfy_server.root / "models" / "vae" / vae_file))
-    model = AutoencoderKLWan()
-    model.load_state_dict({k: v.float() for k, v in convert_wan_vae_to_diffusers(sd).items()})
-    with torch.no_grad():
-        x = model.eval().decode(latent).sample
-    ref = ((x + 1) / 2).clamp(0, 1)[0].permute(1, 2, 3, 0)
-    diff = (ref - ours).abs().max().item()
-    report.append(
-        f"diffusers {torch.__version__} (pytest process) vs ours in ComfyUI: max |diff| = {diff:.3g}"
-        f"{' (bit-identical)' if diff == 0 else ''}"
-    )
-    assert diff <= CORE_VS_OURS_TOL

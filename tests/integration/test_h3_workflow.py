@@ -76,3 +76,21 @@ def test_h3_workflow_writes_video_with_audio(comfy_server, h3_files, report, api
         f"{name}: {video.name}, {info['frames']} frames {info['w']}x{info['h']} at {info['fps']:g} fps, "
         f"audio {info['channels']} ch @ {info['rate']} Hz"
     )
+
+
+def test_h3_networks_are_comfyui_loaded_models_until_free(comfy_server, h3_files, api_graph):
+    """Every H3 network of the workflow is among ComfyUI's loaded models after the decode, and `POST /free` with
+    `unload_models` takes them all off the list."""
+    graph, _ = api_graph("h3_fl2va", SMALL)
+    decode = next(nid for nid, node in graph.items() if node["class_type"] == "OmniVideoH3Decode")
+    graph["probe"] = {"class_type": "OmniVideoTestSink", "inputs": {"value": [decode, 0]}}
+    ours = {
+        "MiniMaxH3Transformer3DModel",
+        "AutoencoderKLMiniMaxH3",
+        "AutoencoderKLMiniMaxH3Audio",
+        "Qwen3VLForConditionalGeneration",
+    }
+    loaded = comfy_server.run(graph, timeout=400)["outputs"]["probe"]["loaded_models"]
+    assert ours <= set(loaded), loaded
+    comfy_server.free(unload_models=True)
+    assert not ours & set(comfy_server.loaded_models())

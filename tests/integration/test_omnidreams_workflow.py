@@ -3,8 +3,9 @@
 the harness. Skipped unless COMFYUI_PATH is set (see conftest.py).
 
 Checks: our OmniDreams nodes are registered; image-to-video with and without the HD-map video run end to end
-(LoadImage / LoadVideo -> encode -> OmniVideo Sampler -> OmniVideo Wan VAE Decode -> CreateVideo -> SaveVideo)
-and SaveVideo writes an mp4 with 1 + (2N - 1) * 4 frames at 30 fps.
+(LoadImage / LoadVideo -> encode -> OmniVideo Sampler -> OmniVideo Wan VAE Decode -> CreateVideo -> SaveVideo),
+and so do their streaming versions (-> OmniDreams Stream, the HD-map video read chunk by chunk -> SaveVideo);
+SaveVideo writes an mp4 with 1 + (2N - 1) * 4 frames at 30 fps.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ SMALL = {
     "OmniDreamsEncodeHDMap": {"width": WIDTH, "height": HEIGHT},
     "OmniDreamsSampler": {"frames": FRAMES},
     "OmniVideoSampler": {"frames": FRAMES},
+    "OmniDreamsStream": {"chunks": 2, "width": WIDTH, "height": HEIGHT},  # 2 chunks = FRAMES frames
     "LoadImage": {"image": IMAGE},
     "LoadVideo": {"file": HDMAP},
 }
@@ -88,7 +90,10 @@ def test_omnidreams_nodes_are_registered(object_info):
     assert not missing, f"not in /object_info: {missing} (add them to nodes/__init__.py NODES)"
 
 
-@pytest.mark.parametrize("name", ["omnidreams_i2v", "omnidreams_i2v_hdmap"])
+WORKFLOWS = ["omnidreams_i2v", "omnidreams_i2v_hdmap", "omnidreams_i2v_stream", "omnidreams_i2v_stream_hdmap"]
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
 def test_omnidreams_workflow_writes_video(
     comfy_server, omnidreams_files, vae_file, report, api_graph, probe_video, name
 ):
@@ -160,7 +165,7 @@ def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(
     for link, target in links:
         if not link.exists():
             link.symlink_to(target)
-    for name in ("omnidreams_i2v", "omnidreams_i2v_hdmap"):
+    for name in WORKFLOWS:
         result = validate(name)
         assert result.returncode == 0, f"{name}: comfy workflow validate refused it:\n{result.stdout}\n{result.stderr}"
-    report.append("comfy-cli `workflow validate` accepts omnidreams_i2v and omnidreams_i2v_hdmap (files present)")
+    report.append(f"comfy-cli `workflow validate` accepts {', '.join(WORKFLOWS)} (files present)")

@@ -1,55 +1,31 @@
-"""Shared Wan VAE test fixtures: tiny random-weight VAEs shaped like the released 2.1 / 2.2
-ones, and their weights under the original Wan (ComfyUI) key names via an inverse mapping
-written independently of the converter."""
+"""Shared Wan VAE test fixtures: random weights for ComfyUI's own Wan VAE classes, and the original Wan
+(ComfyUI) key names of diffusers' AutoencoderKLWan tensors (an inverse mapping written independently of
+diffusers' converter, which the integration tests use to write a full-size random VAE file)."""
 
 import re
 
 import torch
-from diffusers import AutoencoderKLWan
 
-TINY_WAN21 = dict(
-    base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2, latents_mean=[0.0] * 4, latents_std=[1.0] * 4
-)
-# Wan 2.2 TI2V-5B layout: residual up blocks with DupUp3D (factor_t, factor_s, repeats) =
-# (2, 2, 8), (2, 2, 8), (1, 2, 2) as in the real VAE, patch size 2, 12 in/out channels.
-TINY_WAN22 = dict(
-    base_dim=8,
-    decoder_base_dim=8,
-    z_dim=8,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=1,
-    is_residual=True,
-    in_channels=12,
-    out_channels=12,
-    patch_size=2,
-    scale_factor_spatial=16,
-    latents_mean=[0.0] * 8,
-    latents_std=[1.0] * 8,
-)
-CONFIGS = {"2.1": TINY_WAN21, "2.2": TINY_WAN22}
+# comfy.sd.VAE's WanVAE geometry for the released files (it reads dims from its ddconfig, not from the tensors)
+COMFY_GEOMETRY = dict(dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[], temperal_downsample=[False, True, True])
+COMFY_FULL = {"2.1": dict(dim=96, z_dim=16), "2.2": dict(dim=160, z_dim=48)}
 
 
-def tiny_from_config(config: dict, seed: int = 0) -> AutoencoderKLWan:
-    torch.manual_seed(seed)
-    return randomize(AutoencoderKLWan(**config), seed)
-
-
-def tiny_wan_vae(version: str, seed: int = 0, dtype=torch.float32) -> AutoencoderKLWan:
-    return tiny_from_config(CONFIGS[version], seed).to(dtype)
-
-
-def tiny_latent(vae: AutoencoderKLWan, frames: int = 3, size: int = 4, seed: int = 1) -> torch.Tensor:
+def random_wan_state_dict(wan_module, cfg: dict, seed: int = 0) -> dict:
+    """A state dict for `wan_module.WanVAE(**COMFY_GEOMETRY, **cfg)` (comfy/ldm/wan/vae.py or vae2_2.py) under its
+    own module names, which are the original Wan key names; distinct random values everywhere (norm gammas
+    too), so a swapped tensor cannot go unnoticed. ComfyUI's ops skip weight init, so every tensor is filled."""
+    model = wan_module.WanVAE(**{**COMFY_GEOMETRY, **cfg})
     g = torch.Generator().manual_seed(seed)
-    z = torch.randn(1, vae.config.z_dim, frames, size, size, generator=g)
-    return z.to(vae.dtype)
-
-
-def to_channels_last_3d(vae: AutoencoderKLWan) -> AutoencoderKLWan:
-    """channels_last_3d 3-D conv weights, so activations flow in that layout (2-D convs stay)."""
-    for module in vae.modules():
-        if isinstance(module, torch.nn.Conv3d):
-            module.weight.data = module.weight.data.contiguous(memory_format=torch.channels_last_3d)
-    return vae
+    sd = {}
+    for name, t in model.state_dict().items():
+        if name.endswith("gamma"):
+            sd[name] = 1.0 + 0.2 * torch.randn(t.shape, generator=g)
+        elif t.dim() > 1:
+            sd[name] = torch.randn(t.shape, generator=g) / max(1, t[0].numel()) ** 0.5
+        else:
+            sd[name] = 0.1 * torch.randn(t.shape, generator=g)
+    return sd
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,50 +84,3 @@ def to_original_names(diffusers_sd: dict, num_res_blocks: int, nested: bool) -> 
         assert k not in out, f"two tensors map to {k}"
         out[k] = value
     return out
-
-
-def randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Distinct values everywhere (also norm gammas), so a swapped key cannot go unnoticed."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("gamma"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = max(1, p[0].numel()) if p.dim() > 1 else 16
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
-    return model.eval()
-
-
-def _tiny(cfg: dict, seed: int) -> AutoencoderKLWan:
-    torch.manual_seed(seed)
-    return randomize(AutoencoderKLWan(**cfg), seed)
-
-
-def decode(model, z):
-    with torch.no_grad():
-        return model.decode(z).sample
-
-
-class FakeComfyVAE:
-    """The parts of comfy.sd.VAE that the converter reads (v0.3.64)."""
-
-    def __init__(self, first_stage_model, latent_channels, vae_dtype=torch.float32, device="cpu"):
-        self.first_stage_model = first_stage_model
-        self.latent_channels = latent_channels
-        self.vae_dtype = vae_dtype
-        self.device = torch.device(device)
-
-    def get_sd(self):
-        return self.first_stage_model.state_dict()
-
-
-class StateDictModule(torch.nn.Module):
-    """Holds an arbitrary state dict (original names) like ComfyUI's WanVAE would."""
-
-    def __init__(self, sd):
-        super().__init__()
-        self._sd = sd
-
-    def state_dict(self, *args, **kwargs):
-        return dict(self._sd)

@@ -1,0 +1,139 @@
+"""OmniVideo OmniDreams Stream: the rollout decoded and written to a video file chunk by chunk (any length, constant
+memory), each chunk previewed as it finishes, resumable from a saved state."""
+
+from __future__ import annotations
+
+import os
+
+from .. import compat
+from ..compat import io
+from ..integration import safe_paths
+from ..integration.video_file import StreamingVideoWriter
+from ..pipelines.omnidreams_stream import StreamState, stream
+from ..pipelines.wan_decode import FUSION_CHOICES
+from .sampling import SEED_MAX
+from .types import ConditioningType, ModelType
+
+FPS = 30
+MAX_CHUNKS = 100_000  # ~7.4 hours at 30 fps; memory does not grow with it
+STATE_EXT = ".safetensors"
+
+
+def _state_file(name: str) -> str:
+    return safe_paths.resolve_output_file(name, STATE_EXT, what="resume_from")
+
+
+def load_state(path: str) -> StreamState:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return StreamState({k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {}))
+
+
+def save_state(name: str, state: StreamState) -> str:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.tensors.items()}  # cache slices are views
+    return safe_paths.write_output_file(
+        name, STATE_EXT, lambda tmp: save_file(tensors, tmp, metadata=state.metadata), what="save_state_as"
+    )
+
+
+class OmniDreamsStream(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniDreamsStream",
+            **compat.search_aliases("stream", "long video", "world model", "autoregressive video"),
+            display_name="OmniVideo OmniDreams Stream",
+            category="OmniVideo/OmniDreams",
+            is_output_node=True,
+            description=(
+                "Rolls OmniDreams out chunk by chunk and writes each chunk's frames to an H.264 video in the output "
+                "folder as soon as it is decoded (30 fps; 5 frames for the first chunk, 8 for each after it), so any "
+                "length runs in constant memory. Each chunk shows up as a preview while it runs; on cancel or error "
+                "the file keeps every finished chunk. save_state_as writes the state at the end (KV window, noise, "
+                "VAE caches) to the output folder; resume_from continues it in a later run, frame for frame as if "
+                "it had never stopped. An HD-map video is read chunk by chunk."
+            ),
+            inputs=[
+                ModelType.Input("model"),
+                ConditioningType.Input("conditioning"),
+                io.Vae.Input("vae", tooltip="The Wan 2.1 VAE (wan_2.1_vae.safetensors) from Load VAE."),
+                io.Int.Input("seed", default=42, min=0, max=SEED_MAX, control_after_generate=True),
+                io.Int.Input("chunks", default=8, min=1, max=MAX_CHUNKS, tooltip="Chunks to make in this run."),
+                io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="Without a first frame."),
+                io.Int.Input("height", default=704, min=16, max=8192, step=16, tooltip="Without a first frame."),
+                io.String.Input("filename_prefix", default="omnidreams/stream"),
+                io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+                io.Boolean.Input(
+                    "compile", default=False, tooltip="torch.compile the DiT blocks (the first chunks compile)."
+                ),
+                io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk."),
+                io.String.Input("resume_from", default="", tooltip="A state file in the output folder to continue."),
+                io.String.Input("save_state_as", default="", tooltip="Save the final state, e.g. drive.safetensors"),
+            ],
+            outputs=[io.Video.Output(display_name="video")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, resume_from=None):  # the file names to write are checked first thing in execute
+        if not isinstance(resume_from, str) or not resume_from.strip():
+            return True
+        return safe_paths.validated(_state_file, resume_from)
+
+    @classmethod
+    def execute(
+        cls,
+        model,
+        conditioning,
+        vae,
+        seed=42,
+        chunks=8,
+        width=1280,
+        height=704,
+        filename_prefix="omnidreams/stream",
+        fusion="auto",
+        compile=False,
+        hdmap=None,
+        resume_from="",
+        save_state_as="",
+    ) -> io.NodeOutput:
+        if save_state_as.strip():
+            safe_paths.output_file_path(save_state_as, STATE_EXT, "save_state_as")  # a bad name fails first
+        resume = load_state(_state_file(resume_from)) if resume_from.strip() else None
+        writer = StreamingVideoWriter(filename_prefix, FPS)  # reserves the file: a bad name fails here
+        try:
+            with writer:
+                result = stream(
+                    model,
+                    conditioning,
+                    vae,
+                    seed=seed,
+                    chunks=chunks,
+                    width=width,
+                    height=height,
+                    write=writer.write,
+                    fusion=fusion,
+                    hdmap=hdmap,
+                    resume=resume,
+                    compiled=compile,
+                )
+        except Exception as exc:
+            if writer.frames_written == 0:
+                raise
+            kept = f"{writer.frames_written} frames kept in {writer.path} (every finished chunk; it plays)"
+            if compat.is_interrupt(exc):
+                compat.show_text(f"OmniDreams Stream cancelled: {kept}")
+                raise
+            raise RuntimeError(f"{exc} -- {kept}") from exc
+        text = f"{result.frames} frames ({result.chunks} chunks) in {writer.path}"
+        if save_state_as.strip():
+            text += f"; state saved to {save_state(save_state_as, result.state)}"
+        compat.show_text(text)
+        folder, file = os.path.split(os.path.relpath(writer.path, compat.output_directory()))
+        preview = {"images": [{"filename": file, "subfolder": folder, "type": "output"}], "animated": (True,)}
+        return io.NodeOutput(compat.video_from_file(writer.path), ui=preview)
+
+
+NODES = [OmniDreamsStream]

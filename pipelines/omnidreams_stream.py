@@ -1,0 +1,203 @@
+"""Stream an OmniDreams rollout: each chunk is decoded as soon as it is made (the Wan VAE's causal cache carried
+from chunk to chunk), its frames go to a video file and to the screen as a preview, the HD-map video is read and
+encoded chunk by chunk, and the state at the end can be saved to continue in a later run. Nothing grows with the
+length of the video.
+
+Chunk k decodes to pixel frames [0, 5) for k = 0 and 8 more for each later chunk, exactly the frames one decode of
+the whole latent gives; the HD-map frames are taken on the same grid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import torch
+
+from .. import compat
+from ..models.wan_vae.fused import fused_decode
+from ..models.wan_vae.stream import StreamDecoder, StreamEncoder
+from .omnidreams import (
+    VAE_SPATIAL,
+    VAE_TEMPORAL,
+    ARSettings,
+    PromptCross,
+    Rollout,
+    _resize,
+    check_wan21_vae,
+    denormalize_latent,
+    normalize_latent,
+    rollout_plan,
+)
+from .wan_decode import select_fusion
+
+STATE_FORMAT = "omnidreams_stream_state"
+
+
+class WanChunks:
+    """A Wan 2.1 VAE from Load VAE (ComfyUI's VAE object) used a chunk at a time, as its own `decode` / `encode`
+    would be: its model management, dtype, devices and pixel scaling; decoding through the fused fast paths."""
+
+    def __init__(self, vae, fusion: str = "auto"):
+        check_wan21_vae(vae)
+        self.vae, self.model = vae, vae.first_stage_model
+        self.fusion, self.ops = select_fusion(fusion)
+        self.decoder, self.encoder = StreamDecoder(self.model), StreamEncoder(self.model)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latent frames [1, 16, T, h, w] -> IMAGE [F, H, W, 3] (what core VAE Decode gives for them)."""
+        vae = self.vae
+        compat.load_models([vae.patcher], vae.memory_used_decode(z.shape, vae.vae_dtype))
+        with torch.no_grad(), fused_decode(self.model, self.fusion, self.ops, check=compat.check_interrupt):
+            out = self.decoder.decode(z.to(vae.vae_dtype).to(vae.device))
+        out = vae.process_output(out.to(vae.output_device).float()).movedim(1, -1)
+        return out.reshape(-1, *out.shape[-3:])
+
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """IMAGE frames [F, H, W, 3] (the next ones of the video) -> raw latent frames [1, 16, T, h, w]."""
+        vae = self.vae
+        pixels = frames.movedim(-1, 1).movedim(1, 0).unsqueeze(0)
+        compat.load_models([vae.patcher], vae.memory_used_encode(pixels.shape, vae.vae_dtype))
+        with torch.no_grad():
+            mu = self.encoder.encode(vae.process_input(pixels).to(vae.vae_dtype).to(vae.device))
+        return mu.to(vae.output_device).float()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**self.decoder.state_dict("decode"), **self.encoder.state_dict("encode")}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.decoder.load_state_dict(state, "decode", self.vae.device)
+        self.encoder.load_state_dict(state, "encode", self.vae.device)
+
+
+def video_frames(video, width: int, height: int, skip: int = 0) -> Generator[torch.Tensor, None, None]:
+    """Frames of core's VIDEO as IMAGE rows [H, W, 3] (read one at a time, as core reads them), resized to
+    width x height as OmniDreams Encode HD-Map does; the first `skip` frames are passed over."""
+    import av
+
+    with av.open(video.get_stream_source(), mode="r") as container:
+        for index, frame in enumerate(container.decode(video=0)):
+            if index >= skip:
+                image = torch.from_numpy(frame.to_ndarray(format="rgb24")) / 255.0
+                yield _resize(image[None], width, height)[0]
+
+
+def hdmap_pixel_frames(chunk: int, len_t: int = 2) -> int:
+    """HD-map pixel frames chunk `chunk` adds: its latent frames on the VAE's grid (frame 0 alone, then 4 each)."""
+    return (1 if chunk == 0 else 0) + VAE_TEMPORAL * (len_t - (1 if chunk == 0 else 0))
+
+
+@dataclass
+class StreamState:
+    """What a later run resumes from: the rollout's chunk index, KV window and noise generator, the VAE caches and the
+    HD-map position (tensors), and which rollout it is (metadata: seed, size, KV settings)."""
+
+    tensors: dict[str, torch.Tensor]
+    metadata: dict[str, str]
+
+
+@dataclass
+class StreamResult:
+    chunks: int  # chunks made in this run
+    frames: int  # pixel frames written
+    state: StreamState
+
+
+def stream(
+    model,
+    conditioning,
+    vae,
+    *,
+    seed: int,
+    chunks: int,
+    width: int,
+    height: int,
+    write: Callable[[torch.Tensor], None],
+    fusion: str = "auto",
+    hdmap=None,
+    resume: StreamState | None = None,
+    compiled: bool = False,
+    progress=None,
+) -> StreamResult:
+    """Make `chunks` more chunks of the rollout and hand each chunk's IMAGE frames to `write` as it finishes.
+
+    hdmap: core's VIDEO of the HD-map, read chunk by chunk (None: no HD-map); resume: the `StreamResult.state` of an
+    earlier run with the same model, VAE, size, seed and settings; compiled: the DiT blocks under torch.compile;
+    progress: a factory total -> bar with update(n, preview=PIL image).
+    """
+    (h, w), settings = rollout_plan(model, conditioning, width, height)
+    wan = WanChunks(vae, fusion)
+    run = Rollout(
+        compat.loaded(model.patcher),
+        latent_hw=(h, w),
+        seed=seed,
+        first_frame=conditioning.first_frame,
+        settings=settings,
+        attention_config=model.attention,
+        device=model.device,
+        compiled=compiled,
+    )
+    metadata = state_metadata(seed, (h, w), settings)
+    if resume is not None:
+        check_state(resume.metadata, metadata)
+        run.load_state_dict(resume.tensors)
+        wan.load_state_dict(resume.tensors)
+    prompts = PromptCross(run.model, conditioning.text, conditioning.schedule, model.device)
+    maps = video_frames(hdmap, w * VAE_SPATIAL, h * VAE_SPATIAL, skip=wan.encoder.frames) if hdmap is not None else None
+    bar = (progress or compat.ProgressBar)(chunks)
+    written = made = 0
+    try:
+        for _ in range(chunks):
+            k = run.chunk
+            hd = None
+            if maps is not None:
+                need = hdmap_pixel_frames(k, settings.len_t)
+                frames = [frame for _, frame in zip(range(need), maps)]
+                if len(frames) < need:
+                    raise ValueError(
+                        f"the HD-map video ends at frame {wan.encoder.frames + len(frames)}; chunk {k} needs frames up "
+                        f"to {wan.encoder.frames + need}. Use a longer HD-map video or fewer chunks."
+                    )
+                hd = normalize_latent(wan.encode(torch.stack(frames)))
+            compat.load_models([model.patcher])  # back in place if ComfyUI moved it to make room for the VAE
+            x0 = run.step(prompts.at(k), hd)
+            images = wan.decode(denormalize_latent(x0))
+            write(images)
+            written, made = written + images.shape[0], made + 1
+            bar.update(1, preview=_preview(images[-1]))
+        return StreamResult(made, written, StreamState({**run.state_dict(), **wan.state_dict()}, metadata))
+    finally:
+        run.close()
+        if maps is not None:
+            maps.close()
+        compat.free_memory()
+
+
+def _preview(frame: torch.Tensor):
+    from PIL import Image
+
+    return Image.fromarray((frame.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy())
+
+
+def state_metadata(seed: int, latent_hw: tuple[int, int], settings: ARSettings) -> dict[str, str]:
+    return {
+        "format": STATE_FORMAT,
+        "seed": str(int(seed)),
+        "latent_hw": json.dumps(list(latent_hw)),
+        "window_frames": str(settings.window_frames),
+        "sink_frames": str(settings.sink_frames),
+        "len_t": str(settings.len_t),
+    }
+
+
+def check_state(saved: dict[str, str], this_run: dict[str, str]) -> None:
+    """A saved state continues only the rollout it came from: same seed, size and KV settings."""
+    if saved.get("format") != STATE_FORMAT:
+        raise ValueError("this file is not an OmniDreams stream state (saved by OmniVideo OmniDreams Stream)")
+    wrong = [f"{k} {saved.get(k)} (this run: {v})" for k, v in this_run.items() if saved.get(k) != v]
+    if wrong:
+        raise ValueError(
+            "the saved rollout state belongs to another rollout: " + ", ".join(wrong) + ". Resume with the seed, "
+            "size and window settings it was saved with."
+        )
