@@ -249,6 +249,7 @@ def attention_override_supported() -> bool:
 
 # ------------------------------------------------------------------ model management
 
+
 class ManagedModule(torch.nn.Module):
     """What a ModelPatcher holds for us: ComfyUI writes bookkeeping attributes (`device`, `model_lowvram`, ...)
     on its model, which diffusers and transformers models would refuse (their `device` is a property), so the

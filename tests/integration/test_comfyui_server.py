@@ -135,5 +135,3 @@ def test_t2v_workflow_passes_comfyui_validation(comfy_server, object_info, vae_f
             bad.setdefault((err["class_type"], e.get("extra_info", {}).get("input_name")), []).append(e["type"])
     assert set(bad) == {("UNETLoader", "unet_name"), ("CLIPLoader", "clip_name")}, json.dumps(resp, indent=1)
     assert all(types == ["value_not_in_list"] for types in bad.values()), bad
-
-
