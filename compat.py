@@ -338,6 +338,6 @@ def make_castable(module: torch.nn.Module, ops) -> int:
         if cls is not None:
             sub.__class__ = cls
             if not hasattr(sub, "bias"):  # torch's RMSNorm / Embedding have none; the cast path reads it
-                sub.bias = None
+                sub.register_parameter("bias", None)
             changed += 1
     return changed
