@@ -67,11 +67,18 @@ class OmniDreamsStream(io.ComfyNode):
                 io.String.Input("filename_prefix", default="omnidreams/stream"),
                 io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
                 io.Boolean.Input(
-                    "compile", default=False, tooltip="torch.compile the DiT blocks (the first chunks compile)."
+                    "compile",
+                    default=False,
+                    optional=True,
+                    tooltip="torch.compile the DiT blocks (the first chunks compile).",
                 ),
                 io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk."),
-                io.String.Input("resume_from", default="", tooltip="A state file in the output folder to continue."),
-                io.String.Input("save_state_as", default="", tooltip="Save the final state, e.g. drive.safetensors"),
+                io.String.Input(
+                    "resume_from", default="", optional=True, tooltip="A state file in the output folder to continue."
+                ),
+                io.String.Input(
+                    "save_state_as", default="", optional=True, tooltip="Save the final state, e.g. drive.safetensors"
+                ),
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
