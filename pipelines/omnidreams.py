@@ -328,7 +328,7 @@ def rollout(
 # ---------------------------------------------------------------------------- conditioning
 
 
-def _resize(images: torch.Tensor, width: int, height: int) -> torch.Tensor:
+def resize_images(images: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """IMAGE [T,H,W,C] in [0,1] -> [T,height,width,3], resized without cropping."""
     x = images[..., :3].movedim(-1, 1).float()
     if x.shape[-2:] != (height, width):
@@ -367,7 +367,7 @@ def _vae_encode(vae, pixels: torch.Tensor) -> torch.Tensor:
 def encode_first_frame(vae, image: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """First IMAGE frame -> normalised latent [1,16,1,height/8,width/8]."""
     check_size(width, height)
-    return normalize_latent(_vae_encode(vae, _resize(image[:1], width, height))[:, :, :1])
+    return normalize_latent(_vae_encode(vae, resize_images(image[:1], width, height))[:, :, :1])
 
 
 def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Tensor:
@@ -378,7 +378,7 @@ def encode_hdmap(vae, frames: torch.Tensor, width: int, height: int) -> torch.Te
     """
     check_size(width, height)
     usable = 1 + (frames.shape[0] - 1) // VAE_TEMPORAL * VAE_TEMPORAL
-    return normalize_latent(_vae_encode(vae, _resize(frames[:usable], width, height)))
+    return normalize_latent(_vae_encode(vae, resize_images(frames[:usable], width, height)))
 
 
 # ---------------------------------------------------------------------------- sampler entry

@@ -24,10 +24,10 @@ from .omnidreams import (
     ARSettings,
     PromptCross,
     Rollout,
-    _resize,
     check_wan21_vae,
     denormalize_latent,
     normalize_latent,
+    resize_images,
     rollout_plan,
 )
 from .wan_decode import select_fusion
@@ -80,7 +80,7 @@ def video_frames(video, width: int, height: int, skip: int = 0) -> Generator[tor
         for index, frame in enumerate(container.decode(video=0)):
             if index >= skip:
                 image = torch.from_numpy(frame.to_ndarray(format="rgb24")) / 255.0
-                yield _resize(image[None], width, height)[0]
+                yield resize_images(image[None], width, height)[0]
 
 
 def hdmap_pixel_frames(chunk: int, len_t: int = 2) -> int:
