@@ -7,6 +7,7 @@ core of the pack imports and runs under pytest or in a script.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -14,6 +15,8 @@ import torch
 log = logging.getLogger("omnivideo")
 
 try:  # ComfyUI is importable only inside a ComfyUI process (or with COMFYUI_PATH on sys.path)
+    if os.environ.get("OMNIVIDEO_WORKER"):  # a parallel worker runs models only, never ComfyUI (parallel/worker.py)
+        raise ImportError("parallel worker")
     import comfy.model_management as _mm
     import comfy.model_patcher as _model_patcher
     import comfy.ops as _ops
@@ -191,6 +194,30 @@ def free_memory() -> None:
         _mm.soft_empty_cache()
     elif torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+_unload_callbacks: list = []
+
+
+def on_unload_models(callback) -> None:
+    """Call `callback()` whenever ComfyUI unloads all models ("Unload models" in the UI, `/free` with
+    unload_models): what we hold outside its model list (parallel workers) goes too. ComfyUI has no hook for this, so
+    its `unload_all_models` is wrapped once."""
+    _unload_callbacks.append(callback)
+    if not HAS_COMFY or getattr(_mm.unload_all_models, "omnivideo_wrapped", False):
+        return
+    original = _mm.unload_all_models
+
+    def unload_all_models(*args, **kwargs):
+        for hook in list(_unload_callbacks):
+            try:
+                hook()
+            except Exception:
+                log.exception("OmniVideo: an unload hook failed")
+        return original(*args, **kwargs)
+
+    unload_all_models.omnivideo_wrapped = True  # type: ignore[attr-defined]
+    _mm.unload_all_models = unload_all_models
 
 
 def model_file_list(kind: str) -> list[str]:

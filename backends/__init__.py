@@ -1,6 +1,7 @@
 """The backend registry: the only part of the pack that knows about devices. Implementations register
 themselves from their own packages (attention/registrations.py, kernels/registrations.py)."""
 
+from .distributed import device_count, process_group_backend, rank_device
 from .platform import (
     DTYPE_CHOICES,
     PLATFORM,
@@ -28,4 +29,7 @@ __all__ = [
     "register",
     "resolve",
     "backend_report",
+    "device_count",
+    "process_group_backend",
+    "rank_device",
 ]

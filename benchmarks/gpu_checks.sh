@@ -33,3 +33,17 @@ if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
     BENCH_FULL_VAE=1 python benchmarks/bench_omnidreams_stream.py --config 2b --chunks 4 10 --compile-chunks 10 \
         2>&1 | tee "$out/omnidreams_stream_gpu.txt"
 fi
+
+# OmniDreams context parallel across GPUs (one rank per GPU, NCCL): s/chunk, rank 0's peak and the bytes per chunk
+# at world sizes 1, 2, 4 up to the GPU count (the mid config has 4 heads), 704x1280 in bf16. Needs more than one GPU.
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -gt 1 ]; then
+    sizes=""
+    for n in 1 2 4; do [ "$n" -le "$gpus" ] && sizes="$sizes $n"; done
+    # shellcheck disable=SC2086
+    python benchmarks/bench_parallel.py --device cuda --world-sizes $sizes --config mid --latent 88x160 --chunks 6 \
+        2>&1 | tee "$out/parallel_gpu.txt"
+else
+    echo "$gpus GPU(s): the multi-GPU context-parallel benchmark (bench_parallel.py --device cuda) skipped" \
+        | tee "$out/parallel_gpu.txt"
+fi

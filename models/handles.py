@@ -28,6 +28,11 @@ class OmniVideoModel:
     patcher: Any  # ComfyUI's ModelPatcher holding the transformer (compat.manage): ComfyUI places its weights
     dtype: torch.dtype  # the compute dtype (weights may be stored in fp8)
     attention: AttentionConfig | None = None  # OMNIVIDEO_ATTENTION; None = backend "auto" (fastest exact)
+    world_size: int = 1  # ranks the sampler runs on (OmniVideo Parallel); 1 = this process alone
+    load_args: dict = field(default_factory=dict)  # how a parallel worker loads the same weights (JSON: paths, dtypes)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
 
     @property
     def transformer(self) -> torch.nn.Module:

@@ -9,6 +9,7 @@ from .backend_info import OmniVideoBackendInfo
 from .h3 import NODES as H3_NODES
 from .omnidreams import NODES as OMNIDREAMS_NODES
 from .omnidreams_stream import NODES as STREAM_NODES
+from .parallel import OmniVideoParallel
 from .sampler import OmniVideoSampler
 from .wan_vae_decode import OmniVideoWanVAEDecode
 
@@ -18,6 +19,7 @@ NODES: list[Any] = [
     OmniVideoAttention,
     OmniVideoPatchModelAttention,
     OmniVideoSampler,
+    OmniVideoParallel,
     *OMNIDREAMS_NODES,
     *STREAM_NODES,
     *H3_NODES,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..backends import backend_report
 from ..compat import io
+from ..parallel.pool import describe_pool
 
 
 class OmniVideoBackendInfo(io.ComfyNode):
@@ -13,7 +14,10 @@ class OmniVideoBackendInfo(io.ComfyNode):
             node_id="OmniVideoBackendInfo",
             display_name="OmniVideo Backend Info",
             category="OmniVideo/utils",
-            description="Platform, versions and which implementation each operation resolves to (and why).",
+            description=(
+                "Platform, versions, which implementation each operation resolves to (and why) and the parallel "
+                "workers (OmniVideo Parallel) running."
+            ),
             inputs=[],
             outputs=[io.String.Output(display_name="report")],
             is_output_node=True,
@@ -21,9 +25,9 @@ class OmniVideoBackendInfo(io.ComfyNode):
 
     @classmethod
     def execute(cls) -> io.NodeOutput:
-        report = backend_report()
+        report = f"{backend_report()}\n{describe_pool()}"
         return io.NodeOutput(report, ui={"text": [report]})
 
     @classmethod
     def fingerprint_inputs(cls):
-        return backend_report()  # re-run when the environment changes
+        return f"{backend_report()}\n{describe_pool()}"  # re-run when the environment or the workers change

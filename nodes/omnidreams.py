@@ -8,7 +8,7 @@ from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dt
 from ..compat import io
 from ..integration import comfy_types, safe_paths
 from ..models.handles import OmniDreamsConditioning, OmniDreamsModel, check_family
-from ..models.omnidreams.loader import load_omnidreams
+from ..models.omnidreams.loader import load_omnidreams, weights_recipe
 from ..models.omnidreams.text import (
     TextEncoder,
     embedding_problem,
@@ -106,6 +106,7 @@ class OmniDreamsModelLoader(io.ComfyNode):
             attention=attention,
             window_frames=window_frames,
             sink_frames=sink_frames,
+            load_args=weights_recipe(path, compute_dtype, weight_dtype),
         )
         return io.NodeOutput(model)
 

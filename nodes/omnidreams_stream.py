@@ -106,6 +106,11 @@ class OmniDreamsStream(io.ComfyNode):
         resume_from="",
         save_state_as="",
     ) -> io.NodeOutput:
+        if (save_state_as.strip() or resume_from.strip()) and getattr(model, "world_size", 1) > 1:
+            raise ValueError(
+                "save_state_as and resume_from need world size 1 (each parallel rank holds only its heads' KV "
+                "window): clear them or set OmniVideo Parallel's world_size to 1"
+            )
         if save_state_as.strip():
             safe_paths.output_file_path(save_state_as, STATE_EXT, "save_state_as")  # a bad name fails first
         resume = load_state(_state_file(resume_from)) if resume_from.strip() else None
@@ -135,7 +140,7 @@ class OmniDreamsStream(io.ComfyNode):
                 raise
             raise RuntimeError(f"{exc} -- {kept}") from exc
         text = f"{result.frames} frames ({result.chunks} chunks) in {writer.path}"
-        if save_state_as.strip():
+        if save_state_as.strip() and result.state is not None:  # None only in a parallel run (refused above)
             text += f"; state saved to {save_state(save_state_as, result.state)}"
         compat.show_text(text)
         folder, file = os.path.split(os.path.relpath(writer.path, compat.output_directory()))

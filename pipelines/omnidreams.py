@@ -12,6 +12,8 @@ attends to: the video sharpens at frame 0 and blurs afterwards.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -20,10 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import compat
+from ..attention.config import normalize_config
+from ..attention.sequence_parallel import SINGLE, SequenceShard
 from ..models.handles import check_family
 from ..models.omnidreams.dit import OmniDreamsDiT
 from ..models.omnidreams.kv_cache import RollingKVCache
 from ..models.wan_vae.latent_stats import WAN21_CONFIG
+from ..parallel.pool import WorkerPool, ensure_pool
 
 # Wan 2.1 latent normalisation (= ComfyUI's Wan21 latent format): model latent = (mu - mean) / std
 LATENT_MEAN: tuple[float, ...] = tuple(WAN21_CONFIG["latents_mean"])  # type: ignore[arg-type]
@@ -175,6 +180,9 @@ class Rollout:
 
     first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
     device: where it runs (the model's load device). compiled: the DiT blocks under torch.compile.
+    shard: this rank's share of a context-parallel rollout (every rank runs the same steps on the same noise; the
+    DiT splits each chunk's tokens and this rank's window holds its heads); interrupt: the cancel point before each
+    DiT call (default: ComfyUI's; in a parallel run one that all ranks pass together).
     """
 
     def __init__(
@@ -188,9 +196,13 @@ class Rollout:
         attention_config: dict | None = None,
         device: torch.device,
         compiled: bool = False,
+        shard: SequenceShard = SINGLE,
+        interrupt=None,
     ):
         cfg = model.config
-        self.compiled = compiled
+        shard.check_heads(cfg.num_heads)
+        self.compiled, self.shard = compiled, shard
+        self.interrupt = interrupt or compat.check_interrupt
         self.model, self.device, self.settings, self.attention_config = model, device, settings, attention_config
         h, w = latent_hw
         lt = settings.len_t
@@ -202,7 +214,7 @@ class Rollout:
             chunk_tokens=lt // cfg.patch_temporal * (h // p) * (w // p),
             window_chunks=window,
             sink_chunks=sink,
-            heads=cfg.num_heads,
+            heads=cfg.num_heads // shard.size,
             head_dim=cfg.head_dim,
             dtype=model.dtype,
             device=device,
@@ -233,7 +245,7 @@ class Rollout:
         self.cache.begin_chunk()
 
         def dit(x: torch.Tensor, t: float) -> torch.Tensor:
-            compat.check_interrupt()
+            self.interrupt()
             return self.model(
                 x,
                 t,
@@ -244,6 +256,7 @@ class Rollout:
                 kv_cache=self.cache,
                 attention_config=self.attention_config,
                 compiled=self.compiled,
+                shard=self.shard,
             )
 
         x = x0 = self._randn()  # draw 1
@@ -311,18 +324,119 @@ def rollout(
         attention_config=attention_config,
         device=device,
     )
-    lt = settings.len_t
-    prompts = PromptCross(model, text, schedule, device)
-    out = torch.empty((1, model.config.out_channels, lt * num_chunks, *latent_hw), dtype=torch.float32, device=device)
+    return run_chunks(run, PromptCross(model, text, schedule, device), num_chunks, hdmap=hdmap, bar=bar)
+
+
+def run_chunks(run: Rollout, prompts: PromptCross, num_chunks: int, *, hdmap=None, bar=None) -> torch.Tensor:
+    """`num_chunks` chunks of `run` (closed afterwards, also on interrupt) as one model-space latent."""
+    lt, channels = run.settings.len_t, run.model.config.out_channels
+    out = torch.empty((1, channels, lt * num_chunks, *run.shape[-2:]), dtype=torch.float32, device=run.device)
     try:
         for k in range(num_chunks):
             hd = hdmap[:, :, k * lt : (k + 1) * lt] if hdmap is not None else None
-            out[:, :, k * lt : (k + 1) * lt] = run.step(prompts.at(k), hd)
+            out[:, :, k * lt : (k + 1) * lt] = run.step(prompts.at(run.chunk), hd)
             if bar is not None:
                 bar.update(1)
     finally:
-        run.close()  # also on interrupt
+        run.close()
     return out
+
+
+# ---------------------------------------------------------------------------- context parallel (rank 0)
+
+
+class DrivenRollout(Rollout):
+    """Rank 0 of a context-parallel rollout. The workers mirror it (pipelines/omnidreams_parallel.py): they get the
+    rollout's inputs once, then each step's HD-map latent, and run the same steps on their share of the tokens; the
+    DiT gathers every chunk on every rank. A cancel inside a step stops all ranks at one interrupt point; anywhere
+    else the workers are waiting for the next message and `close` ends their rollout."""
+
+    def __init__(self, pool, model: OmniDreamsDiT, *, model_key: str, text: torch.Tensor, schedule=(), **kwargs):
+        self._job = pool.job()
+        world = self._job.__enter__()
+        try:
+            super().__init__(model, shard=world.shard, interrupt=world.interrupt_point, **kwargs)
+            settings = dataclasses.asdict(self.settings)
+            world.send(
+                "omnidreams.rollout",
+                {
+                    "key": model_key,
+                    "latent_hw": list(self.shape[-2:]),
+                    "seed": int(kwargs["seed"]),
+                    "settings": settings,
+                    "attention": dataclasses.asdict(normalize_config(self.attention_config)),
+                    "compiled": self.compiled,
+                    "starts": [0, *(start for start, _ in schedule)],
+                },
+                {
+                    "first_frame": self.first_frame,
+                    **{f"text.{i}": t for i, t in enumerate([text, *(t for _, t in schedule)])},
+                },
+            )
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        self.world = world
+
+    def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
+        try:
+            self.world.send("step", tensors={"hdmap": hdmap})
+            return super().step(cross, hdmap)
+        except BaseException as exc:
+            self._end(exc)  # inside a step: the workers stopped with us (a cancel) or the pool is gone
+            raise
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        raise ValueError("saving the rollout state needs world size 1: each rank holds only its heads' KV window")
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        raise ValueError("resuming a rollout needs world size 1: each rank holds only its heads' KV window")
+
+    def close(self) -> None:
+        super().close()
+        if self._job is None:
+            return
+        try:
+            self.world.send("end")
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        self._end(None)
+
+    def _end(self, exc: BaseException | None) -> None:
+        job, self._job = self._job, None
+        if job is None:
+            return
+        if exc is None:
+            job.__exit__(None, None, None)
+        else:
+            job.__exit__(type(exc), exc, exc.__traceback__)  # raises WorkerError if a worker died
+
+
+def ensure_workers(model) -> WorkerPool:
+    """The running workers of `model.world_size`, each with this model loaded."""
+    if model.load_args.get("weight_dtype") != model.load_args.get("dtype"):
+        raise ValueError(
+            "parallel workers compute with plain torch layers, which cannot cast fp8 weights: load the model with "
+            "dtype 'auto', 'bf16', 'fp16' or 'fp32' for a world size above 1"
+        )
+    pool = ensure_pool(model.world_size)
+    pool.ensure_model(model_key(model), "omnidreams.load", model.load_args)
+    return pool
+
+
+def model_key(model) -> str:
+    return "omnidreams:" + json.dumps(model.load_args, sort_keys=True)
+
+
+def open_rollout(model, *, text: torch.Tensor, schedule=(), **kwargs) -> Rollout:
+    """The rollout of a model handle: in this process, or across its world (`model.world_size` > 1)."""
+    dit = compat.loaded(model.patcher)  # ComfyUI places the weights (all, or what fits: the rest stream)
+    kwargs.update(attention_config=model.attention, device=model.device)
+    if model.world_size == 1:
+        return Rollout(dit, **kwargs)
+    pool = ensure_workers(model)
+    return DrivenRollout(pool, dit, model_key=model_key(model), text=text, schedule=schedule, **kwargs)
 
 
 # ---------------------------------------------------------------------------- conditioning
@@ -436,20 +550,16 @@ def sample(
             )
     bar = progress(n) if progress is not None else None
     try:
-        z = rollout(
-            compat.loaded(model.patcher),  # ComfyUI places the weights (all, or what fits: the rest stream)
-            text,
-            num_chunks=n,
+        run = open_rollout(
+            model,
+            text=text,
+            schedule=conditioning.schedule,
             latent_hw=(h, w),
             seed=seed,
             first_frame=first,
-            hdmap=hdmap,
             settings=settings,
-            attention_config=model.attention,
-            bar=bar,
-            device=model.device,
-            schedule=conditioning.schedule,
         )
+        z = run_chunks(run, PromptCross(run.model, text, conditioning.schedule, model.device), n, hdmap=hdmap, bar=bar)
         z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
     finally:
         compat.free_memory()  # also on interrupt or error: return the freed KV window's blocks

@@ -23,10 +23,10 @@ from .omnidreams import (
     VAE_TEMPORAL,
     ARSettings,
     PromptCross,
-    Rollout,
     check_wan21_vae,
     denormalize_latent,
     normalize_latent,
+    open_rollout,
     resize_images,
     rollout_plan,
 )
@@ -101,7 +101,7 @@ class StreamState:
 class StreamResult:
     chunks: int  # chunks made in this run
     frames: int  # pixel frames written
-    state: StreamState
+    state: StreamState | None  # None for a parallel run (each rank holds only its heads' KV window)
 
 
 def stream(
@@ -128,26 +128,29 @@ def stream(
     """
     (h, w), settings = rollout_plan(model, conditioning, width, height)
     wan = WanChunks(vae, fusion)
-    run = Rollout(
-        compat.loaded(model.patcher),
+    metadata = state_metadata(seed, (h, w), settings)
+    if resume is not None:
+        check_state(resume.metadata, metadata)
+    run = open_rollout(
+        model,
+        text=conditioning.text,
+        schedule=conditioning.schedule,
         latent_hw=(h, w),
         seed=seed,
         first_frame=conditioning.first_frame,
         settings=settings,
-        attention_config=model.attention,
-        device=model.device,
         compiled=compiled,
     )
-    metadata = state_metadata(seed, (h, w), settings)
-    if resume is not None:
-        check_state(resume.metadata, metadata)
-        run.load_state_dict(resume.tensors)
-        wan.load_state_dict(resume.tensors)
-    prompts = PromptCross(run.model, conditioning.text, conditioning.schedule, model.device)
-    maps = video_frames(hdmap, w * VAE_SPATIAL, h * VAE_SPATIAL, skip=wan.encoder.frames) if hdmap is not None else None
-    bar = (progress or compat.ProgressBar)(chunks)
-    written = made = 0
+    maps = None
     try:
+        if resume is not None:
+            run.load_state_dict(resume.tensors)
+            wan.load_state_dict(resume.tensors)
+        prompts = PromptCross(run.model, conditioning.text, conditioning.schedule, model.device)
+        if hdmap is not None:
+            maps = video_frames(hdmap, w * VAE_SPATIAL, h * VAE_SPATIAL, skip=wan.encoder.frames)
+        bar = (progress or compat.ProgressBar)(chunks)
+        written = made = 0
         for _ in range(chunks):
             k = run.chunk
             hd = None
@@ -166,7 +169,8 @@ def stream(
             write(images)
             written, made = written + images.shape[0], made + 1
             bar.update(1, preview=_preview(images[-1]))
-        return StreamResult(made, written, StreamState({**run.state_dict(), **wan.state_dict()}, metadata))
+        state = StreamState({**run.state_dict(), **wan.state_dict()}, metadata) if model.world_size == 1 else None
+        return StreamResult(made, written, state)
     finally:
         run.close()
         if maps is not None:

@@ -129,5 +129,6 @@ def test_report_and_node(monkeypatch, NPU, fake_mindiesd):
     assert "wan_vae: auto -> torch_fused" in text
     assert "triton: unusable - triton runs on cuda/cpu, this is npu" in text
     assert "torch " + torch.__version__ in text and "diffusers" in text
+    assert "torch.distributed backend cpu:gloo,npu:hccl" in text  # OmniVideo Parallel on Ascend
     out = OmniVideoBackendInfo.execute()
-    assert out.args[0] == backend_report() and out.args[0].startswith("platform: ")
+    assert out.args[0] == f"{backend_report()}\nparallel: no workers running" and out.args[0].startswith("platform: ")

@@ -1,9 +1,11 @@
 """The package's layers point down only, and only compat.py imports ComfyUI.
 
-    nodes -> integration -> pipelines -> models -> attention | kernels -> backends;  compat: a leaf anyone may use
+    nodes -> integration -> pipelines -> parallel -> models -> attention | kernels -> backends;  compat: a leaf anyone
+    may use
 
 `integration/` holds what follows ComfyUI's rules (names resolved inside its folders, the attention patch of core
-models); `attention/` and `kernels/` sit side by side and do not import each other.
+models); `parallel/` is the torch.distributed world the pipelines drive (its worker loop finds a family's pipeline
+module by name, `parallel/ops.py`); `attention/` and `kernels/` sit side by side and do not import each other.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from pathlib import Path
 import pytest
 
 PACK = Path(__file__).resolve().parents[1]
-RANK = {"nodes": 6, "integration": 5, "pipelines": 4, "models": 3, "attention": 2, "kernels": 2, "backends": 1}
+RANK = {
+    "nodes": 7,
+    "integration": 6,
+    "pipelines": 5,
+    "parallel": 4,
+    "models": 3,
+    "attention": 2,
+    "kernels": 2,
+    "backends": 1,
+}
 COMFYUI_MODULES = {
     "comfy",
     "comfy_api",
@@ -62,7 +73,7 @@ def _layer(parts: list[str]) -> tuple[str, int]:
         return top, 0
     if top in RANK:
         return top, RANK[top]
-    return top, 7  # the pack's __init__ (registration) sits on top
+    return top, 8  # the pack's __init__ (registration) sits on top
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(PACK)) for p in FILES])

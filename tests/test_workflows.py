@@ -506,7 +506,7 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(REPO))
 
 
-EXPECTED_WORKFLOWS = {"wan_vae_decode_only", "wan21_t2v_fused_decode"}
+EXPECTED_WORKFLOWS = {"wan_vae_decode_only", "wan21_t2v_fused_decode", "omnidreams_i2v_cp", "h3_t2va_sp"}
 
 
 @pytest.fixture(scope="module")

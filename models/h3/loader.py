@@ -277,17 +277,7 @@ def load_h3(
     files = [f for sub in subs for f in _weight_files(root / sub)] + ([transformer_file] if transformer_file else [])
     for file in files:  # every file's header first: a truncated download fails before any heavy load
         check_safetensors(str(file))
-    if transformer_file is not None:
-        config = _transformer_config(root)
-        transformer = build_component(
-            MiniMaxH3Transformer3DModel,
-            config,
-            convert_single_file(transformer_file, config, dtype),
-            dtype,
-            str(transformer_file),
-        )
-    else:
-        transformer = load_component(root, "transformer", dtype)
+    transformer = load_transformer(root, transformer_file, dtype)
     if weight_dtype != dtype:
         store_blocks_in(transformer, weight_dtype, dtype)
     compat.make_castable(transformer, compat.operations(weight_dtype, dtype, device))
@@ -306,8 +296,40 @@ def load_h3(
         scheduler_config=video_cfg,
         audio_scheduler_config=audio_cfg,
         source=str(root),
+        load_args=weights_recipe(root, transformer_file, dtype, weight_dtype),
     )
     return model, compat.manage(vae, "vae", device), compat.manage(audio_vae, "vae", device)
+
+
+def load_transformer(
+    root: Path, transformer_file: str | os.PathLike | None, dtype: torch.dtype
+) -> MiniMaxH3Transformer3DModel:
+    """The transformer of a checked folder, or from a single file (with the folder's config), in `dtype`."""
+    if transformer_file is None:
+        return load_component(root, "transformer", dtype)
+    config = _transformer_config(root)
+    return build_component(
+        MiniMaxH3Transformer3DModel,
+        config,
+        convert_single_file(transformer_file, config, dtype),
+        dtype,
+        str(transformer_file),
+    )
+
+
+def weights_recipe(
+    root: Path, transformer_file: str | os.PathLike | None, dtype: torch.dtype, weight_dtype: torch.dtype
+) -> dict:
+    """What a parallel worker needs to load the same transformer (`load_transformer`), JSON; the files' modification
+    times tell a replaced file from the one a worker already holds."""
+    files = [Path(transformer_file)] if transformer_file is not None else _weight_files(root / "transformer")
+    return {
+        "folder": str(root),
+        "transformer_file": None if transformer_file is None else str(transformer_file),
+        "mtime_ns": [os.stat(f).st_mtime_ns for f in files],
+        "dtype": str(dtype),
+        "weight_dtype": str(weight_dtype),
+    }
 
 
 def store_blocks_in(transformer: MiniMaxH3Transformer3DModel, weight_dtype: torch.dtype, dtype: torch.dtype) -> None:

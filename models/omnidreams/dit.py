@@ -18,6 +18,7 @@ from torch import nn
 from ...attention.config import normalize_config
 from ...attention.dispatch import bind
 from ...attention.layout import AttnLayout
+from ...attention.sequence_parallel import SINGLE, SequenceShard
 
 
 @dataclass(frozen=True)
@@ -216,19 +217,22 @@ class Block(nn.Module):
     def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
 
-    def forward(self, x, emb, lora, rope, grid, cross_kv, window, attend):
+    def forward(self, x, emb, lora, rope, grid, cross_kv, window, attend, shard=SINGLE):
         """`window`: this block's view of the KV cache (`kv_cache.block(i)`) or None; `attend`: its (self, cross)
-        attention calls. No block index reaches the block, so all blocks share one compiled graph."""
+        attention calls. No block index reaches the block, so all blocks share one compiled graph. With a `shard`
+        (context parallel) x holds this rank's tokens: self-attention trades them for all tokens of this rank's
+        heads (Ulysses), so the window caches only those heads."""
         shift, scale, gate = (self.adaln_modulation_self_attn(emb) + lora).chunk(3, dim=-1)
         h = self._modulate(x, shift, scale)
         attn = self.self_attn
         q = apply_rope(attn.query(h), *rope)
         k, v = attn.key_value(h)
         k = apply_rope(k, *rope)
+        q, k, v = shard.qkv_to_heads(q, k, v, grid[0] * grid[1] * grid[2])
         if window is not None:  # K/V enter the cache after RoPE; attend over the visible window
             k, v = window.update(k, v)
         attend_self, attend_cross = attend
-        out = attend_self(q, k, v, scale=1.0 / math.sqrt(attn.head_dim), layout=AttnLayout(0, grid))
+        out = shard.to_tokens(attend_self(q, k, v, scale=1.0 / math.sqrt(attn.head_dim), layout=AttnLayout(0, grid)))
         x = x + gate * attn.output_proj(out.flatten(2))
 
         shift, scale, gate = (self.adaln_modulation_cross_attn(emb) + lora).chunk(3, dim=-1)
@@ -309,13 +313,15 @@ class OmniDreamsDiT(nn.Module):
         kv_cache=None,
         attention_config: dict | None = None,
         compiled: bool = False,
+        shard: SequenceShard = SINGLE,
     ) -> torch.Tensor:
         """x [B,16,T,H,W] (model latent space) at scalar timestep t -> flow [B,16,T,H,W] (float32).
 
         cond_mask [B,1,T,H,W] is 1 on pinned frame-0 latents; hdmap [B,16,T,H,W] or None (= zeros);
         t_offset is the chunk's first latent-frame index for RoPE; kv_cache has `block(i)` -> that block's
         window with `update(k, v) -> (k_visible, v_visible)` (RollingKVCache); compiled: run the blocks under
-        torch.compile (`compiled_blocks`).
+        torch.compile (`compiled_blocks`); shard: this rank's share of a context-parallel run (each rank embeds and
+        runs its slice of the chunk's tokens, the output is gathered on every rank; the cache holds its heads).
         """
         cfg = self.config
         p, pt = cfg.patch_spatial, cfg.patch_temporal
@@ -325,20 +331,21 @@ class OmniDreamsDiT(nn.Module):
         x = x.to(self.dtype)
         if cond_mask is None:
             cond_mask = torch.zeros_like(x[:, :1])
-        tokens = torch.cat([patchify(x, p, pt), patchify(cond_mask.to(x), p, pt)], dim=-1)
+        tokens = shard.split(torch.cat([patchify(x, p, pt), patchify(cond_mask.to(x), p, pt)], dim=-1), 1)
         hidden = self.x_embedder(tokens)
         if hdmap is not None:  # absent = zeros, whose (bias-free) embedding is zero
-            hidden = hidden + self.additional_patch_embedding(patchify(hdmap.to(x), p, pt))
+            hidden = hidden + self.additional_patch_embedding(shard.split(patchify(hdmap.to(x), p, pt), 1))
         emb, lora = self.embed_timestep(t, b, x.device)
         grid = (t_len // pt, h // p, w // p)
-        key = (grid, t_offset, x.device)
+        key = (grid, t_offset, x.device, shard)
         if self._rope_memo is None or self._rope_memo[0] != key:  # the 3 calls of a chunk share it
-            self._rope_memo = (key, rope_cos_sin(cfg, *grid, t_offset=t_offset, device=x.device))
+            cos_sin = rope_cos_sin(cfg, *grid, t_offset=t_offset, device=x.device)
+            self._rope_memo = (key, tuple(shard.split(c, 0) for c in cos_sin))
         rope = self._rope_memo[1]
         attend = bind_attention(attention_config, len(self.blocks))
         blocks = self.compiled_blocks() if compiled else self.blocks
         for index, block in enumerate(blocks):
             window = kv_cache.block(index) if kv_cache is not None else None
-            hidden = block(hidden, emb, lora, rope, grid, cross_kv[index], window, attend[index])
-        out = self.final_layer(hidden, emb, lora)
+            hidden = block(hidden, emb, lora, rope, grid, cross_kv[index], window, attend[index], shard)
+        out = shard.gather(self.final_layer(hidden, emb, lora), 1, grid[0] * grid[1] * grid[2])
         return unpatchify(out.float(), cfg.out_channels, *grid, p, pt)

@@ -142,6 +142,12 @@ def build_dit(
     return model.eval().requires_grad_(False)
 
 
+def weights_recipe(path: str, dtype: torch.dtype, weight_dtype: torch.dtype) -> dict:
+    """What another process needs to load the same weights (a parallel worker: `load_omnidreams(**recipe)` minus
+    the modification time, which tells a replaced file from the one already loaded)."""
+    return {"path": path, "mtime_ns": os.stat(path).st_mtime_ns, "dtype": str(dtype), "weight_dtype": str(weight_dtype)}
+
+
 def load_omnidreams(path: str, dtype: torch.dtype, weight_dtype: torch.dtype, operations=nn) -> OmniDreamsDiT:
     return build_dit(
         read_state_dict(path), dtype, weight_dtype=weight_dtype, operations=operations, name=os.path.basename(path)

@@ -80,3 +80,12 @@ def write_tiny_cosmos_reason1(folder, seed: int = 0):
     Qwen2_5_VLForConditionalGeneration(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# Context-parallel tests split the heads over up to 4 ranks: TINY with 4 heads, and the benchmarks' mid config.
+TINY_4_HEADS = OmniDreamsConfig(
+    model_channels=64, num_blocks=2, num_heads=4, mlp_hidden=256, adaln_lora_dim=16, text_in_dim=96, text_dim=32
+)
+MID = OmniDreamsConfig(
+    model_channels=512, num_blocks=8, num_heads=4, mlp_hidden=2048, adaln_lora_dim=64, text_in_dim=1024, text_dim=256
+)

@@ -1,0 +1,51 @@
+"""OmniVideo Parallel: run a model's sampler over several devices (context / sequence parallel)."""
+
+from __future__ import annotations
+
+from ..backends import PLATFORM, device_count
+from ..compat import io
+from ..models.handles import FAMILIES
+from ..parallel.pool import describe_pool
+from ..pipelines.h3.parallel import ensure_workers as h3_workers
+from ..pipelines.omnidreams import ensure_workers as omnidreams_workers
+from .types import ModelType
+
+MAX_WORLD_SIZE = 16  # OmniDreams has 16 heads; Ulysses gives each rank whole heads
+START_WORKERS = {"omnidreams": omnidreams_workers, "h3": h3_workers}
+
+
+class OmniVideoParallel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoParallel",
+            display_name="OmniVideo Parallel",
+            category="OmniVideo/utils",
+            description=(
+                "Runs the model's sampler on world_size devices: this ComfyUI process is rank 0 and a worker process "
+                "per extra device (started here, kept across queue runs, stopped by 'Unload models' or server exit) "
+                "loads the same weights. Each step's tokens are split over the ranks and attention trades them for "
+                "whole heads (Ulysses); OmniDreams' KV window is split by heads. Output equals one device's. "
+                "world_size must divide the heads (OmniDreams: 16). 1 = this process only."
+            ),
+            inputs=[
+                ModelType.Input("model"),
+                io.Int.Input("world_size", default=2, min=1, max=MAX_WORLD_SIZE),
+            ],
+            outputs=[ModelType.Output(display_name="model")],
+        )
+
+    @classmethod
+    def execute(cls, model, world_size=2) -> io.NodeOutput:
+        family = getattr(model, "family", None)
+        if family not in FAMILIES:
+            raise ValueError(f"OmniVideo Parallel needs an OmniVideo model, got {type(model).__name__}")
+        devices = device_count(PLATFORM)
+        if world_size > 1 and PLATFORM.name != "cpu" and world_size > devices:
+            raise ValueError(
+                f"world_size {world_size} needs {world_size} {PLATFORM.name} devices; this machine has {devices}"
+            )
+        parallel = model.replace(world_size=world_size)
+        if world_size > 1:
+            START_WORKERS[family](parallel)  # start now, so a missing file or device shows at this node
+        return io.NodeOutput(parallel, ui={"text": [describe_pool()]})

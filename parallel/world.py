@@ -1,0 +1,122 @@
+"""This process's place in the pack's torch.distributed world, and the messages rank 0 sends the other ranks.
+
+Rank 0 is the ComfyUI process; it alone decides what runs. The other ranks wait for its messages: an operation name,
+JSON arguments and named tensors, broadcast as bytes over the default group's CPU (gloo) backend. Nothing is
+unpickled: a message is JSON plus raw tensor bytes with the dtype and shape from the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .. import compat
+from ..attention.sequence_parallel import SequenceShard
+from ..backends import PLATFORM, process_group_backend, rank_device
+
+DEFAULT_TIMEOUT_S = 1800  # one collective may wait this long (a worker that hangs rather than dies)
+_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool)}
+
+
+def dtype_named(name: str) -> torch.dtype:
+    """`str(dtype)` back to the dtype ('torch.float32' -> torch.float32): how dtypes travel in JSON arguments."""
+    return getattr(torch, name.removeprefix("torch."))
+
+
+class Stopped(Exception):
+    """Rank 0 stopped the job at a shared interrupt point (the user cancelled): the workers go back to waiting."""
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_rank: int
+    device: torch.device  # where this rank's model runs
+
+    @property
+    def shard(self) -> SequenceShard:
+        return SequenceShard(self.rank, self.size)
+
+    # ------------------------------------------------------------------------ messages (rank 0 -> all)
+
+    def send(self, op: str, args: dict | None = None, tensors: dict[str, torch.Tensor | None] | None = None) -> None:
+        present = {k: t.detach().cpu().contiguous() for k, t in (tensors or {}).items() if t is not None}
+        header = {
+            "op": op,
+            "args": args or {},
+            "tensors": [[k, str(t.dtype), list(t.shape)] for k, t in present.items()],
+        }
+        self._bytes(torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8))
+        for t in present.values():
+            self._bytes(t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0).view(torch.uint8))
+
+    def receive(self) -> tuple[str, dict, dict[str, torch.Tensor]]:
+        header = json.loads(bytes(self._bytes().tolist()).decode())
+        tensors = {}
+        for name, dtype, shape in header["tensors"]:
+            tensors[name] = self._bytes().view(_DTYPES[dtype]).reshape(shape)
+        return header["op"], header["args"], tensors
+
+    def _bytes(self, payload: torch.Tensor | None = None) -> torch.Tensor:
+        """Broadcast one byte string from rank 0 (payload given there; returned on every rank)."""
+        length = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
+        dist.broadcast(length, 0)
+        buf = payload if payload is not None else torch.empty(int(length), dtype=torch.uint8)
+        if buf.numel():
+            dist.broadcast(buf, 0)
+        return buf
+
+    def sync(self) -> None:
+        """Every rank waits here for the others (a one-integer all-reduce on the CPU backend: `dist.barrier` would
+        pick the accelerator's)."""
+        dist.all_reduce(torch.zeros(1, dtype=torch.int64))
+
+    # ------------------------------------------------------------------------ shared cancel point
+
+    def interrupt_point(self) -> None:
+        """Every rank calls this at the same place: rank 0 looks at ComfyUI's cancel flag and tells the others, so
+        all stop together (rank 0 raises ComfyUI's interrupt, the others `Stopped`) and no rank is left waiting in
+        a collective."""
+        stop = torch.zeros(1, dtype=torch.int64)
+        cancel: BaseException | None = None
+        if self.rank == 0:
+            try:
+                compat.check_interrupt()
+            except BaseException as exc:
+                if not compat.is_interrupt(exc):
+                    raise
+                cancel, stop[0] = exc, 1
+        dist.broadcast(stop, 0)
+        if cancel is not None:
+            raise cancel
+        if stop.item():
+            raise Stopped()
+
+
+def join(*, rank: int, size: int, local_rank: int, store: dist.Store, timeout_s: float = DEFAULT_TIMEOUT_S) -> World:
+    """Join (create, on rank 0) the default process group; each rank runs on its local rank's device."""
+    device = PLATFORM.device if rank == 0 else rank_device(PLATFORM, local_rank)
+    dist.init_process_group(
+        process_group_backend(PLATFORM),
+        store=store,
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type != "cpu" else None,
+    )
+    return World(rank, size, local_rank, device)
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("OMNIVIDEO_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))

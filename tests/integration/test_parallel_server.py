@@ -1,0 +1,172 @@
+"""OmniVideo Parallel in a real headless ComfyUI (CPU, gloo): the server process is rank 0 and starts its worker
+processes; over /prompt the context-parallel OmniDreams rollout gives the single-process latent and the streamed
+video, the workers are reused by the next queue run and after /interrupt, Backend Info reports them, and "Unload
+models" (/free) stops them. Skipped unless COMFYUI_PATH is set (see conftest.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.omnidreams_tiny import TINY_4_HEADS, stored_state_dict  # noqa: E402
+from test_omnidreams_stream_server import follow, frames_of, videos  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+CKPT, EMBEDDING = "omnidreams_cp_tiny.safetensors", "omnidreams_cp_prompt.safetensors"
+WIDTH, HEIGHT = 64, 48  # 4x3 tokens a frame, 24 a chunk
+
+
+@pytest.fixture(scope="module")
+def cp_files(comfy_server):
+    import torch
+    from safetensors.torch import save_file
+
+    from omnivideo.models.omnidreams.text import save_embedding
+
+    save_file(stored_state_dict(TINY_4_HEADS, seed=6), str(comfy_server.root / "models" / "diffusion_models" / CKPT))
+    text = torch.randn(1, 512, TINY_4_HEADS.text_in_dim, generator=torch.Generator().manual_seed(4))
+    save_embedding(str(comfy_server.root / "models" / "text_encoders" / EMBEDDING), text, "a road")
+    yield
+    comfy_server.free(unload_models=True)  # leave no workers for the other tests
+
+
+def worker_pids(server) -> list[int]:
+    """The server's child processes running our worker entry point."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server.proc.pid and b"worker_entry.py" in cmdline:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+def models(world_size: int) -> dict:
+    return {
+        "1": {
+            "class_type": "OmniDreamsModelLoader",
+            "inputs": {"ckpt_name": CKPT, "dtype": "fp32", "window_frames": 4, "sink_frames": 0},
+        },
+        "2": {"class_type": "OmniDreamsLoadTextEmbedding", "inputs": {"embedding": EMBEDDING}},
+        "p": {"class_type": "OmniVideoParallel", "inputs": {"model": ["1", 0], "world_size": world_size}},
+    }
+
+
+def sampler_graph(world_size: int, vae_file: str, name: str) -> dict:
+    return {
+        **models(world_size),
+        "3": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
+        "4": {
+            "class_type": "OmniDreamsSampler",
+            "inputs": {
+                "model": ["p", 0],
+                "conditioning": ["2", 0],
+                "seed": 3,
+                "frames": 21,
+                "steps": 0,
+                "width": WIDTH,
+                "height": HEIGHT,
+            },
+        },
+        "5": {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["3", 0]}},
+        "6": {"class_type": "OmniVideoTestSaveTensor", "inputs": {"images": ["5", 0], "name": name}},
+    }
+
+
+def stream_graph(world_size: int, vae_file: str, prefix: str, chunks: int) -> dict:
+    return {
+        **models(world_size),
+        "3": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
+        "4": {
+            "class_type": "OmniDreamsStream",
+            "inputs": {
+                "model": ["p", 0],
+                "conditioning": ["2", 0],
+                "vae": ["3", 0],
+                "seed": 3,
+                "chunks": chunks,
+                "width": WIDTH,
+                "height": HEIGHT,
+                "filename_prefix": prefix,
+                "fusion": "torch",
+            },
+        },
+    }
+
+
+def _images(comfy_server, graph) -> torch.Tensor:  # noqa: F821
+    from safetensors.torch import load_file
+
+    (saved,) = comfy_server.run(graph, timeout=300)["outputs"]["6"]["probe"]
+    return load_file(saved["path"])["images"]
+
+
+def test_parallel_rollout_equals_one_process_and_reuses_its_workers(comfy_server, cp_files, vae_file, report):
+    tag = uuid.uuid4().hex[:6]
+    single = _images(comfy_server, sampler_graph(1, vae_file, f"cp1_{tag}"))
+    assert worker_pids(comfy_server) == []
+    started = time.monotonic()
+    parallel = _images(comfy_server, sampler_graph(2, vae_file, f"cp2_{tag}"))
+    first = time.monotonic() - started
+    pids = worker_pids(comfy_server)
+    assert len(pids) == 1, pids
+    assert parallel.shape == single.shape == (21, HEIGHT, WIDTH, 3)
+    diff = float((parallel - single).abs().max())
+    assert diff <= 1e-4, diff  # the latents agree to 1e-5; the VAE decode keeps that
+
+    again = _images(comfy_server, sampler_graph(2, vae_file, f"cp2b_{tag}"))  # the graph changed: runs again
+    assert worker_pids(comfy_server) == pids  # the same worker, not a new one
+    assert float((again - parallel).abs().max()) == 0.0
+    report.append(f"parallel: world 2 vs 1 over /prompt, max |diff| {diff:.1e} (images); first run {first:.1f} s")
+
+
+def test_parallel_stream_writes_the_single_process_video(comfy_server, cp_files, vae_file):
+    tag = uuid.uuid4().hex[:6]
+    for world in (1, 2):
+        events, previews = follow(comfy_server, stream_graph(world, vae_file, f"omnidreams/cp{world}_{tag}", 3))
+        assert events[-1][0] == "execution_success", events[-1]
+        assert len(previews) == 3
+    (one,), (two,) = (videos(comfy_server, f"omnidreams/cp{w}_{tag}") for w in (1, 2))
+    a, b = frames_of(comfy_server.python, one), frames_of(comfy_server.python, two)
+    assert a.shape == b.shape == (5 + 8 * 2, HEIGHT, WIDTH, 3)
+    diff = abs(a - b)
+    per_frame = [round(float(f.mean()), 3) for f in diff]
+    assert float(diff.max()) <= 1.0, per_frame  # the same frames through the same H.264 encode
+
+
+def test_interrupt_keeps_the_workers_and_unload_models_stops_them(comfy_server, cp_files, vae_file):
+    tag = uuid.uuid4().hex[:6]
+    follow(comfy_server, stream_graph(2, vae_file, f"omnidreams/cpi_{tag}", 1))
+    pids = worker_pids(comfy_server)
+    assert len(pids) == 1
+    events, previews = follow(comfy_server, stream_graph(2, vae_file, f"omnidreams/cpj_{tag}", 60), interrupt_after=1)
+    assert events[-1][0] == "execution_interrupted", events[-1]
+    assert worker_pids(comfy_server) == pids
+
+    info = comfy_server.run({"1": {"class_type": "OmniVideoBackendInfo", "inputs": {}}})["outputs"]["1"]["text"][0]
+    assert "parallel: running, world size 2" in info and str(pids[0]) in info, info
+
+    events, _ = follow(comfy_server, stream_graph(2, vae_file, f"omnidreams/cpk_{tag}", 2))
+    assert events[-1][0] == "execution_success", events[-1]
+    assert worker_pids(comfy_server) == pids  # still in step after the cancel
+
+    comfy_server.free(unload_models=True)
+    deadline = time.monotonic() + 30
+    while worker_pids(comfy_server) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert worker_pids(comfy_server) == []
+    assert (
+        "world size 2"
+        not in comfy_server.run({"1": {"class_type": "OmniVideoBackendInfo", "inputs": {}}})["outputs"]["1"]["text"][0]
+    )

@@ -1,0 +1,191 @@
+"""OmniDreams context parallel on CPU (gloo): worker processes spawned from this process (rank 0), each chunk's
+tokens split over the ranks, the KV window sharded by heads. Equal to the single-process rollout; a cancel stops
+every rank and keeps the workers; a dead worker ends the run with its name and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from support.omnidreams_tiny import MID, TINY_4_HEADS, stored_state_dict
+
+from omnivideo import compat
+from omnivideo.models.handles import OmniDreamsConditioning, OmniDreamsModel
+from omnivideo.models.omnidreams.loader import build_dit, weights_recipe
+from omnivideo.parallel import pool as pool_mod
+from omnivideo.pipelines import omnidreams as pipe
+
+H, W = 6, 6  # latent size: 3x3 tokens per frame, 18 per chunk: an uneven split over 4 ranks (5, 5, 4, 4)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_workers():
+    torch.set_num_threads(1)  # the ranks share the 2 CI cores
+    yield
+    pool_mod.stop_pool()
+
+
+def _handle(tmp_path, config, world_size: int, seed: int = 1):
+    path = tmp_path / f"dit_{config.model_channels}_{seed}.safetensors"
+    if not path.exists():
+        save_file(stored_state_dict(config, seed=seed), str(path))
+    dit = build_dit(stored_state_dict(config, seed=seed), torch.float32)
+    return OmniDreamsModel(
+        patcher=compat.manage(dit, "diffusion", CPU),
+        dtype=torch.float32,
+        world_size=world_size,
+        load_args=weights_recipe(str(path), torch.float32, torch.float32),
+    )
+
+
+def _conditioning(config, schedule=False):
+    g = torch.Generator().manual_seed(3)
+    text = torch.randn(1, 16, config.text_in_dim, generator=g)
+    later = ((2, torch.randn(1, 16, config.text_in_dim, generator=g)),) if schedule else ()
+    return OmniDreamsConditioning(
+        text=text,
+        first_frame=torch.randn(1, 16, 1, H, W, generator=g),
+        hdmap=torch.randn(1, 16, 8, H, W, generator=g),
+        schedule=later,
+    )
+
+
+def _sample(model, cond, frames=29, progress=None):
+    return pipe.sample(model, cond, seed=42, frames=frames, steps=0, width=W * 8, height=H * 8, progress=progress)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tiny_rollout_equals_single_process(tmp_path, world_size):
+    cond = _conditioning(TINY_4_HEADS, schedule=True)  # the prompt switches at chunk 2 on every rank
+    single = _sample(_handle(tmp_path, TINY_4_HEADS, 1), cond)
+    parallel = _sample(_handle(tmp_path, TINY_4_HEADS, world_size), cond)
+    assert pool_mod.current_pool().size == world_size
+    assert single.shape == parallel.shape == (1, 16, 8, H, W)
+    assert (parallel - single).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_mid_rollout_equals_single_process(tmp_path, world_size):
+    cond = _conditioning(MID)
+    single = _sample(_handle(tmp_path, MID, 1), cond, frames=21)
+    parallel = _sample(_handle(tmp_path, MID, world_size), cond, frames=21)
+    assert (parallel - single).abs().max() <= 1e-5
+
+
+def test_cancel_stops_every_rank_and_the_workers_are_reused(tmp_path):
+    model, cond = _handle(tmp_path, TINY_4_HEADS, 2), _conditioning(TINY_4_HEADS)
+    reference = _sample(model, cond)
+    pids = pool_mod.current_pool().pids
+
+    class CancelAfterFirstChunk:  # the user presses cancel while chunk 1 runs: seen at its first interrupt point
+        def __init__(self, total):
+            pass
+
+        def update(self, n):
+            compat.request_interrupt()
+
+    with pytest.raises(compat.ProcessingInterrupted):
+        _sample(model, cond, progress=CancelAfterFirstChunk)
+
+    class CancelBetweenChunks:  # ComfyUI's progress hook raises between chunks, on rank 0 only
+        def __init__(self, total):
+            pass
+
+        def update(self, n):
+            raise compat.ProcessingInterrupted("cancelled")
+
+    with pytest.raises(compat.ProcessingInterrupted):
+        _sample(model, cond, progress=CancelBetweenChunks)
+    again = _sample(model, cond)
+    assert pool_mod.current_pool().pids == pids  # the same workers, still in step
+    assert torch.equal(again, reference)
+
+
+def test_dead_worker_ends_the_run_with_its_name_and_no_orphans(tmp_path):
+    model, cond = _handle(tmp_path, TINY_4_HEADS, 2), _conditioning(TINY_4_HEADS)
+    _sample(model, cond, frames=5)
+    pool = pool_mod.current_pool()
+    (pid,) = pool.pids
+
+    class KillWorker:
+        def __init__(self, total):
+            pass
+
+        def update(self, n):
+            os.kill(pid, signal.SIGKILL)
+
+    started = time.monotonic()
+    with pytest.raises(pool_mod.WorkerError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
+        _sample(model, cond, progress=KillWorker)
+    assert time.monotonic() - started < 60
+    assert not pool.alive() and pool.workers == []
+    assert not os.path.exists(f"/proc/{pid}")  # reaped, not a zombie
+    assert _sample(model, cond, frames=5).shape[2] == 2  # the next run starts new workers
+
+
+def test_stop_pool_ends_the_workers(tmp_path):
+    _sample(_handle(tmp_path, TINY_4_HEADS, 2), _conditioning(TINY_4_HEADS), frames=5)
+    pids = pool_mod.current_pool().pids
+    pool_mod.stop_pool()
+    assert pool_mod.current_pool() is None
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_fp8_weights_are_refused_before_any_worker_starts(tmp_path):
+    model = _handle(tmp_path, TINY_4_HEADS, 2)
+    model = model.replace(load_args={**model.load_args, "weight_dtype": str(torch.float8_e4m3fn)})
+    pool_mod.stop_pool()
+    with pytest.raises(ValueError, match="cannot cast fp8"):
+        _sample(model, _conditioning(TINY_4_HEADS), frames=5)
+    assert pool_mod.current_pool() is None
+
+
+def test_workers_started_by_torchrun_join_rank_0(tmp_path, monkeypatch):
+    """What runs across machines: rank 0 (here this process, in ComfyUI the server) waits at OMNIVIDEO_MASTER_PORT;
+    torchrun starts the other ranks (rank = its RANK + 1) wherever it runs them."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    pool_mod.stop_pool()
+    cond = _conditioning(TINY_4_HEADS)
+    single = _sample(_handle(tmp_path, TINY_4_HEADS, 1), cond, frames=13)
+    port = free_port()
+    monkeypatch.setenv("OMNIVIDEO_MASTER_PORT", str(port))
+    entry = Path(pool_mod.__file__).with_name("worker_entry.py")
+    env = {**os.environ, "OMNIVIDEO_MASTER_ADDR": "127.0.0.1", "OMNIVIDEO_WORLD_SIZE": "4", "OMNIVIDEO_WORKER": "1"}
+    torchrun = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "3",
+            "--master-port",
+            str(free_port()),
+            str(entry),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        parallel = _sample(_handle(tmp_path, TINY_4_HEADS, 4), cond, frames=13)
+        assert pool_mod.current_pool().pids == []  # none of them is this process's child
+        assert (parallel - single).abs().max() <= 1e-5
+        pool_mod.stop_pool()  # tells every rank to exit: torchrun ends cleanly
+        assert torchrun.wait(timeout=60) == 0
+    finally:
+        torchrun.kill()
+        torchrun.wait()
