@@ -10,6 +10,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMNIVIDEO_DEVICE", "")  # detection, unless a test overrides it
+# A parallel rank waits at most this long in one collective (also in the ComfyUI servers the integration tests start,
+# which inherit it): a desynchronised world fails the test instead of hanging the suite.
+os.environ.setdefault("OMNIVIDEO_DIST_TIMEOUT", "120")
 torch.backends.cudnn.benchmark = False  # bit-equality on GPU needs deterministic algorithm choice
 
 

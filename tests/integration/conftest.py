@@ -13,6 +13,7 @@ ComfyUI checkout. The server is always terminated at the end of the session.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -336,11 +337,11 @@ def _link_or_copy(src: Path, dst: Path):
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".venv"))
 
 
-@pytest.fixture(scope="session")
-def comfy_server(tmp_path_factory, comfyui_path):
-    comfy_path = comfyui_path
+@contextlib.contextmanager
+def running_comfyui(root: Path, comfy_path: str, *, with_vae: bool = True):
+    """A headless ComfyUI (CPU) with this pack and the test probe pack, its folders under `root`; stopped on exit.
+    with_vae: write the random Wan 2.1 VAE file while it starts (the session server's)."""
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
-    root = tmp_path_factory.mktemp("comfyui")
     for sub in (
         "custom_nodes",
         "models/vae",
@@ -408,7 +409,8 @@ def comfy_server(tmp_path_factory, comfyui_path):
     try:
         # Build the VAE file while ComfyUI starts (it reads the vae folder per request, so it may come late).
         try:
-            server.vae_info = write_random_wan21_vae(root / "models" / "vae" / VAE_FILE)
+            if with_vae:
+                server.vae_info = write_random_wan21_vae(root / "models" / "vae" / VAE_FILE)
         except Exception as exc:  # reported by the tests that need the file
             server.vae_error = f"{type(exc).__name__}: {exc}"
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -429,6 +431,12 @@ def comfy_server(tmp_path_factory, comfyui_path):
     finally:
         server.stop()
         log_file.close()
+
+
+@pytest.fixture(scope="session")
+def comfy_server(tmp_path_factory, comfyui_path):
+    with running_comfyui(tmp_path_factory.mktemp("comfyui"), comfyui_path) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -64,7 +64,7 @@ def test_h3_nodes_are_registered(object_info):
     assert not missing, f"not in /object_info: {missing} (add them to nodes/__init__.py NODES)"
 
 
-@pytest.mark.parametrize("name", ["h3_t2va", "h3_fl2va"])
+@pytest.mark.parametrize("name", ["h3_t2va", "h3_fl2va", "h3_t2va_sp"])  # _sp: world size 2, a worker process
 def test_h3_workflow_writes_video_with_audio(comfy_server, h3_files, report, api_graph, probe_video, name):
     graph, prefix = api_graph(name, SMALL)
     video = comfy_server.run_video(graph, prefix, timeout=400)

@@ -90,7 +90,13 @@ def test_omnidreams_nodes_are_registered(object_info):
     assert not missing, f"not in /object_info: {missing} (add them to nodes/__init__.py NODES)"
 
 
-WORKFLOWS = ["omnidreams_i2v", "omnidreams_i2v_hdmap", "omnidreams_i2v_stream", "omnidreams_i2v_stream_hdmap"]
+WORKFLOWS = [
+    "omnidreams_i2v",
+    "omnidreams_i2v_hdmap",
+    "omnidreams_i2v_stream",
+    "omnidreams_i2v_stream_hdmap",
+    "omnidreams_i2v_cp",  # the server starts a worker process: world size 2 (gloo on CPU)
+]
 
 
 @pytest.mark.parametrize("name", WORKFLOWS)

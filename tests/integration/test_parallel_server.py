@@ -27,6 +27,8 @@ WIDTH, HEIGHT = 64, 48  # 4x3 tokens a frame, 24 a chunk
 @pytest.fixture(scope="module")
 def cp_files(comfy_server):
     import torch
+
+    comfy_server.free(unload_models=True)  # workers an earlier test's parallel workflow left running
     from safetensors.torch import save_file
 
     from omnivideo.models.omnidreams.text import save_embedding
@@ -140,9 +142,10 @@ def test_parallel_stream_writes_the_single_process_video(comfy_server, cp_files,
     (one,), (two,) = (videos(comfy_server, f"omnidreams/cp{w}_{tag}") for w in (1, 2))
     a, b = frames_of(comfy_server.python, one), frames_of(comfy_server.python, two)
     assert a.shape == b.shape == (5 + 8 * 2, HEIGHT, WIDTH, 3)
+    # Ranks compute the chunk in other matrix shapes, so a pixel may round the other way (1e-6 apart, see the sampler
+    # test); H.264 then codes a block differently. The same video otherwise: a tenth of a level on average.
     diff = abs(a - b)
-    per_frame = [round(float(f.mean()), 3) for f in diff]
-    assert float(diff.max()) <= 1.0, per_frame  # the same frames through the same H.264 encode
+    assert float(diff.mean()) < 0.1 and float((diff > 2).mean()) < 0.01, [round(float(f.mean()), 3) for f in diff]
 
 
 def test_interrupt_keeps_the_workers_and_unload_models_stops_them(comfy_server, cp_files, vae_file):
@@ -170,3 +173,39 @@ def test_interrupt_keeps_the_workers_and_unload_models_stops_them(comfy_server, 
         "world size 2"
         not in comfy_server.run({"1": {"class_type": "OmniVideoBackendInfo", "inputs": {}}})["outputs"]["1"]["text"][0]
     )
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])  # Ctrl-C in a terminal; a service manager's stop
+def test_workers_end_with_the_server(tmp_path, comfyui_path, stop):
+    """The server exits: atexit stops the workers (Ctrl-C), or they see their parent gone (SIGTERM ends Python
+    without atexit)."""
+    import signal
+
+    import torch
+    from conftest import running_comfyui
+    from safetensors.torch import save_file
+
+    from omnivideo.models.omnidreams.text import save_embedding
+
+    with running_comfyui(tmp_path, str(comfyui_path), with_vae=False) as server:
+        save_file(stored_state_dict(TINY_4_HEADS, seed=6), str(tmp_path / "models" / "diffusion_models" / CKPT))
+        text = torch.randn(1, 512, TINY_4_HEADS.text_in_dim)
+        save_embedding(str(tmp_path / "models" / "text_encoders" / EMBEDDING), text, "a road")
+        graph = {**models(2), "s": {"class_type": "OmniVideoTestSink", "inputs": {"value": ["p", 0]}}}
+        server.run(graph, timeout=300)  # OmniVideo Parallel starts the worker
+        pids = worker_pids(server)
+        assert len(pids) == 1, pids
+        server.proc.send_signal(getattr(signal, stop))
+        server.proc.wait(timeout=60)
+        deadline = time.monotonic() + 20
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(running(pid) for pid in pids), f"orphan worker {pids}\n{server.log_tail()}"
+
+
+def running(pid: int) -> bool:
+    """Alive: listed in /proc and not a zombie (an exited orphan waits there for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
