@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ..attention.sequence_parallel import SequenceShard
 from ..backends import PLATFORM, device_count
 from ..compat import io
 from ..models.handles import FAMILIES
-from ..parallel.pool import describe_pool
+from ..parallel.pool import describe_pool, external_workers
 from ..pipelines.h3.parallel import ensure_workers as h3_workers
 from ..pipelines.omnidreams import ensure_workers as omnidreams_workers
 from .types import ModelType
@@ -41,10 +42,12 @@ class OmniVideoParallel(io.ComfyNode):
         if family not in FAMILIES:
             raise ValueError(f"OmniVideo Parallel needs an OmniVideo model, got {type(model).__name__}")
         devices = device_count(PLATFORM)
-        if world_size > 1 and PLATFORM.name != "cpu" and world_size > devices:
+        if world_size > devices and PLATFORM.name != "cpu" and not external_workers():
             raise ValueError(
                 f"world_size {world_size} needs {world_size} {PLATFORM.name} devices; this machine has {devices}"
             )
+        config = model.transformer.config
+        SequenceShard(0, world_size).check_heads(getattr(config, "num_heads", None) or config.num_attention_heads)
         parallel = model.replace(world_size=world_size)
         if world_size > 1:
             START_WORKERS[family](parallel)  # start now, so a missing file or device shows at this node

@@ -68,8 +68,8 @@ class WorkerPool:
     def start(self) -> None:
         """Spawn the workers on this machine, or, with OMNIVIDEO_MASTER_PORT set, wait for ranks 1..N-1 started
         elsewhere (torchrun across machines, see docs/ARCHITECTURE.md) to join at that port."""
-        external = os.environ.get("OMNIVIDEO_MASTER_PORT")
-        host, port = ("0.0.0.0", int(external)) if external else ("127.0.0.1", 0)
+        external = external_workers()
+        host, port = ("0.0.0.0", int(os.environ["OMNIVIDEO_MASTER_PORT"])) if external else ("127.0.0.1", 0)
         store = dist.TCPStore(host, port, self.size, is_master=True, wait_for_workers=False)
         try:
             if not external:
@@ -183,6 +183,11 @@ class WorkerPool:
         state = "running" if self.alive() else "stopped"
         models = ", ".join(sorted(self.models)) or "none"
         return f"{state}, world size {self.size} (rank 0: this process; worker pids {self.pids}), models: {models}"
+
+
+def external_workers() -> bool:
+    """Whether ranks 1..N-1 are started elsewhere (torchrun) and join at OMNIVIDEO_MASTER_PORT."""
+    return bool(os.environ.get("OMNIVIDEO_MASTER_PORT"))
 
 
 _POOL: WorkerPool | None = None

@@ -79,19 +79,20 @@ class World:
 
     # ------------------------------------------------------------------------ shared cancel point
 
-    def interrupt_point(self) -> None:
-        """Every rank calls this at the same place: rank 0 looks at ComfyUI's cancel flag and tells the others, so
-        all stop together (rank 0 raises ComfyUI's interrupt, the others `Stopped`) and no rank is left waiting in
-        a collective."""
+    def interrupt_point(self, pending: BaseException | None = None) -> None:
+        """Every rank calls this at the same place: rank 0 looks at ComfyUI's cancel flag (or hands on `pending`, a
+        cancel it caught elsewhere, e.g. in its progress bar, which consumes the flag) and tells the others, so all
+        stop together (rank 0 raises the cancel, the others `Stopped`) and no rank is left waiting in a collective."""
         stop = torch.zeros(1, dtype=torch.int64)
-        cancel: BaseException | None = None
-        if self.rank == 0:
+        cancel = pending
+        if self.rank == 0 and cancel is None:
             try:
                 compat.check_interrupt()
             except BaseException as exc:
                 if not compat.is_interrupt(exc):
                     raise
-                cancel, stop[0] = exc, 1
+                cancel = exc
+        stop[0] = int(cancel is not None)
         dist.broadcast(stop, 0)
         if cancel is not None:
             raise cancel

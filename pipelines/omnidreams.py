@@ -352,18 +352,19 @@ class DrivenRollout(Rollout):
     else the workers are waiting for the next message and `close` ends their rollout."""
 
     def __init__(self, pool, model: OmniDreamsDiT, *, model_key: str, text: torch.Tensor, schedule=(), **kwargs):
+        world = pool.world
+        # local only: a setting that does not fit (heads, window) fails here, before the workers hear of the run
+        super().__init__(model, shard=world.shard, interrupt=world.interrupt_point, **kwargs)
         self._job = pool.job()
-        world = self._job.__enter__()
+        self.world = self._job.__enter__()
         try:
-            super().__init__(model, shard=world.shard, interrupt=world.interrupt_point, **kwargs)
-            settings = dataclasses.asdict(self.settings)
-            world.send(
+            self.world.send(
                 "omnidreams.rollout",
                 {
                     "key": model_key,
                     "latent_hw": list(self.shape[-2:]),
                     "seed": int(kwargs["seed"]),
-                    "settings": settings,
+                    "settings": dataclasses.asdict(self.settings),
                     "attention": dataclasses.asdict(normalize_config(self.attention_config)),
                     "compiled": self.compiled,
                     "starts": [0, *(start for start, _ in schedule)],
@@ -376,7 +377,6 @@ class DrivenRollout(Rollout):
         except BaseException as exc:
             self._end(exc)
             raise
-        self.world = world
 
     def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
         try:

@@ -189,3 +189,18 @@ def test_workers_started_by_torchrun_join_rank_0(tmp_path, monkeypatch):
     finally:
         torchrun.kill()
         torchrun.wait()
+
+
+def test_parallel_node_checks_the_heads_before_starting_workers(tmp_path):
+    from omnivideo.nodes.parallel import OmniVideoParallel
+
+    pool_mod.stop_pool()
+    model = _handle(tmp_path, TINY_4_HEADS, 1)
+    with pytest.raises(ValueError, match="use a world size that divides 4"):
+        OmniVideoParallel.execute(model, world_size=3)
+    assert pool_mod.current_pool() is None
+    alone = OmniVideoParallel.execute(model, world_size=1).args[0]
+    assert alone.world_size == 1 and pool_mod.current_pool() is None
+    two = OmniVideoParallel.execute(model, world_size=2).args[0]
+    assert two.world_size == 2 and model.world_size == 1  # a new handle; the loader's output is unchanged
+    assert pool_mod.current_pool().size == 2 and "omnidreams:" in pool_mod.describe_pool()

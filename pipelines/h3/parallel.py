@@ -1,9 +1,10 @@
 """MiniMax-H3 over several processes: Ulysses sequence parallelism of the packed sequence (models/h3/attention.py).
 
 Rank 0 (ComfyUI) sends the run (`H3Job`) to the workers, then every rank runs the same denoise loop on its share of
-the sequence; the transformer gathers its outputs, so every rank steps the full latents and rank 0 decodes. Before
-each step rank 0 sends "go" or "stop": ComfyUI's progress bar is itself a cancel point (it consumes the cancel flag),
-so rank 0 holds a cancel the bar saw and passes it on at the next step, and every rank stops at the same place.
+the sequence; the transformer gathers its outputs, so every rank steps the full latents and rank 0 decodes. Each step
+starts at a shared interrupt point (`World.interrupt_point`). ComfyUI's progress bar is itself a cancel point (it
+consumes the cancel flag), so rank 0 holds a cancel the bar saw and hands it on at the next step: every rank stops at
+the same place.
 Workers hold only the transformer; the VAEs stay on rank 0.
 """
 
@@ -19,7 +20,7 @@ from ...attention.sequence_parallel import SequenceShard
 from ...models.h3.loader import load_transformer
 from ...parallel.ops import operation
 from ...parallel.pool import WorkerPool, ensure_pool
-from ...parallel.world import Stopped, World, dtype_named
+from ...parallel.world import World, dtype_named
 from .sampler import H3Job, denoise
 
 FAMILY = "h3:"
@@ -80,15 +81,8 @@ class _HeldCancel:
 
     def step_point(self, world: World):
         def step_point() -> None:
-            if self.cancel is None:
-                try:
-                    compat.check_interrupt()
-                except BaseException as exc:
-                    if not compat.is_interrupt(exc):
-                        raise
-                    self.cancel = exc
-            world.send("h3.stop" if self.cancel is not None else "h3.go")
-            self.raise_if_cancelled()
+            cancel, self.cancel = self.cancel, None
+            world.interrupt_point(pending=cancel)
 
         return step_point
 
@@ -96,17 +90,6 @@ class _HeldCancel:
         if self.cancel is not None:
             cancel, self.cancel = self.cancel, None
             raise cancel
-
-
-def _worker_step_point(world: World):
-    def step_point() -> None:
-        op, _, _ = world.receive()
-        if op == "h3.stop":
-            raise Stopped()
-        if op != "h3.go":
-            raise RuntimeError(f"H3 worker rank {world.rank}: expected 'h3.go' or 'h3.stop' from rank 0, got {op!r}")
-
-    return step_point
 
 
 # ---------------------------------------------------------------------------- worker operations
@@ -123,4 +106,4 @@ def load(world: World, models: dict, args: dict, tensors: dict) -> None:
 @operation("h3.sample")
 def sample(world: World, models: dict, args: dict, tensors: dict) -> None:
     job = H3Job.from_message(args, tensors)
-    denoise(models[args["key"]], job, world.device, shard=world.shard, interrupt=_worker_step_point(world))
+    denoise(models[args["key"]], job, world.device, shard=world.shard, interrupt=world.interrupt_point)
