@@ -22,6 +22,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .. import compat
+from ..backends import PLATFORM
 from . import world as world_mod
 
 ENTRY = Path(__file__).with_name("worker_entry.py")
@@ -92,6 +93,7 @@ class WorkerPool:
             "OMNIVIDEO_WORLD_SIZE": str(self.size),
             "OMNIVIDEO_PARENT_PID": str(os.getpid()),
             "OMNIVIDEO_WORKER": "1",
+            "OMNIVIDEO_DEVICE": PLATFORM.name,  # rank 0's platform (ComfyUI --cpu on a GPU machine: CPU workers)
         }
         for rank in range(1, self.size):
             log_path = os.path.join(log_dir, f"rank{rank}.log")

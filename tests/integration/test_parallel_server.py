@@ -86,7 +86,7 @@ def sampler_graph(world_size: int, vae_file: str, name: str) -> dict:
     }
 
 
-def stream_graph(world_size: int, vae_file: str, prefix: str, chunks: int) -> dict:
+def stream_graph(world_size: int, vae_file: str, prefix: str, chunks: int, seed: int = 3) -> dict:
     return {
         **models(world_size),
         "3": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
@@ -96,7 +96,7 @@ def stream_graph(world_size: int, vae_file: str, prefix: str, chunks: int) -> di
                 "model": ["p", 0],
                 "conditioning": ["2", 0],
                 "vae": ["3", 0],
-                "seed": 3,
+                "seed": seed,
                 "chunks": chunks,
                 "width": WIDTH,
                 "height": HEIGHT,
@@ -134,18 +134,23 @@ def test_parallel_rollout_equals_one_process_and_reuses_its_workers(comfy_server
 
 
 def test_parallel_stream_writes_the_single_process_video(comfy_server, cp_files, vae_file):
+    import numpy as np
+
     tag = uuid.uuid4().hex[:6]
-    for world in (1, 2):
-        events, previews = follow(comfy_server, stream_graph(world, vae_file, f"omnidreams/cp{world}_{tag}", 3))
+    for name, world, seed in (("one", 1, 3), ("two", 2, 3), ("other", 1, 4)):
+        events, previews = follow(comfy_server, stream_graph(world, vae_file, f"omnidreams/{name}_{tag}", 3, seed))
         assert events[-1][0] == "execution_success", events[-1]
         assert len(previews) == 3
-    (one,), (two,) = (videos(comfy_server, f"omnidreams/cp{w}_{tag}") for w in (1, 2))
-    a, b = frames_of(comfy_server.python, one), frames_of(comfy_server.python, two)
-    assert a.shape == b.shape == (5 + 8 * 2, HEIGHT, WIDTH, 3)
-    # Ranks compute the chunk in other matrix shapes, so a pixel may round the other way (1e-6 apart, see the sampler
-    # test); H.264 then codes a block differently. The same video otherwise: a tenth of a level on average.
-    diff = abs(a - b)
-    assert float(diff.mean()) < 0.1 and float((diff > 2).mean()) < 0.01, [round(float(f.mean()), 3) for f in diff]
+    one, two, other = (
+        frames_of(comfy_server.python, *videos(comfy_server, f"omnidreams/{n}_{tag}")) for n in ("one", "two", "other")
+    )
+    assert one.shape == two.shape == (5 + 8 * 2, HEIGHT, WIDTH, 3)
+    # The ranks compute in other matrix shapes: the latents agree to ~1e-6 (the sampler test above), yet a pixel can
+    # round to the other uint8 level, and H.264 then codes that block of that frame differently. So: most frames
+    # identical, the rest a re-coded block at most; another rollout (seed 4) differs everywhere.
+    per_frame = abs(one - two).reshape(len(one), -1).mean(axis=1)
+    assert float(np.median(per_frame)) < 0.05 and float(per_frame.mean()) < 0.5, per_frame.round(3).tolist()
+    assert float(abs(one - other).mean()) > 5
 
 
 def test_interrupt_keeps_the_workers_and_unload_models_stops_them(comfy_server, cp_files, vae_file):
