@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import resource
-import time
+
+from step_timer import StepTimer  # benchmarks/ (this script's folder)
 
 CONFIGS = {
     # name: (transformer overrides, width, height, frames)
@@ -92,16 +93,7 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     )
     emb = torch.randn(1, 64, TRANSFORMER["text_dim"])
     cond = H3Conditioning(text=emb, text_token_tags=torch.ones(64, dtype=torch.long))
-    stamps = []
-
-    class StepTimer:  # the sampler's progress contract: progress(total) -> object with update(n)
-        def __init__(self, total):
-            pass
-
-        def update(self, n=1):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
+    timer = StepTimer(device)
 
     import logging
     import re
@@ -113,9 +105,9 @@ def run_one(config_name: str, backend: str, steps: int, threads: int) -> tuple[f
     logging.getLogger("omnivideo").setLevel(logging.INFO)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    sample(model, cond, seed=0, frames=frames, steps=steps, width=width, height=height, progress=StepTimer)
-    times = [b - a for a, b in zip([t0] + stamps[:-1], stamps)]
+    timer.start()
+    sample(model, cond, seed=0, frames=frames, steps=steps, width=width, height=height, progress=timer)
+    times = timer.durations()
     # first forward excluded (warm-up, compiles); min of the rest: robust to other processes on a shared CPU
     per_step = min(times[1:]) if len(times) > 1 else times[0]
     if device.type == "cuda":

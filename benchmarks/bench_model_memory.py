@@ -18,8 +18,9 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from step_timer import StepTimer  # benchmarks/ (this script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("full", "budget", "fp8")
@@ -88,22 +89,13 @@ def child(family: str, config: str, variant: str) -> dict:
     if variant == "budget":  # what load_models_gpu does on a card with a third of the model's size free
         patcher.load(device, lowvram_model_memory=size // 3)
         compat.load_models = lambda *a, **k: None
-    stamps = []
-
-    class Steps:  # the samplers' progress contract: progress(total) -> object with update(n)
-        def __init__(self, total):
-            pass
-
-        def update(self, n=1):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
+    timer = StepTimer(device)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    out = run(Steps)
-    times = [b - a for a, b in zip([t0] + stamps[:-1], stamps)]
+    timer.start()
+    out = run(timer)
+    times = timer.durations()
     latent = out if isinstance(out, torch.Tensor) else out.video
     return {
         "weights_mib": size / 2**20,

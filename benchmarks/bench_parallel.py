@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from step_timer import StepTimer  # benchmarks/ (this script's folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 LEN_T, WINDOW_FRAMES = 2, 6  # the released AR settings (OmniDreamsModel defaults)
@@ -164,16 +166,7 @@ def child(args) -> dict:
         first_frame=torch.randn(1, 16, 1, h, w, generator=g),
         hdmap=torch.randn(1, 16, frames, h, w, generator=g),
     )
-    stamps: list[float] = []
-
-    class Steps:  # the samplers' progress contract: progress(total) -> object with update(n)
-        def __init__(self, total):
-            pass
-
-        def update(self, k=1):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            stamps.append(time.perf_counter())
+    timer = StepTimer(device)
 
     def run(chunks: int, progress=None):
         return pipe.sample(
@@ -204,10 +197,9 @@ def child(args) -> dict:
         base = [_reset_hwm(pid) for pid in (os.getpid(), *pids)]
     best = None
     for _ in range(args.runs):
-        stamps.clear()
-        t0 = time.perf_counter()
-        latent = run(args.chunks, Steps)
-        times = [b - a for a, b in zip([t0, *stamps[:-1]], stamps)]
+        timer.start()
+        latent = run(args.chunks, timer)
+        times = timer.durations()
         steady = times[1:] or times
         if best is None or sum(steady) < sum(best[1:] or best):
             best = times

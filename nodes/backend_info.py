@@ -25,9 +25,13 @@ class OmniVideoBackendInfo(io.ComfyNode):
 
     @classmethod
     def execute(cls) -> io.NodeOutput:
-        report = f"{backend_report()}\n{describe_pool()}"
+        report = _report()
         return io.NodeOutput(report, ui={"text": [report]})
 
     @classmethod
     def fingerprint_inputs(cls):
-        return f"{backend_report()}\n{describe_pool()}"  # re-run when the environment or the workers change
+        return _report()  # re-run when the environment or the workers change
+
+
+def _report() -> str:
+    return f"{backend_report()}\n{describe_pool()}"

@@ -62,7 +62,6 @@ class WorkerPool:
         self.workers: list[_Worker] = []
         self.world: world_mod.World | None = None
         self.models: dict[str, str] = {}  # key -> what it is, loaded on every worker
-        self.runs = 0
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -165,7 +164,6 @@ class WorkerPool:
         cancel (`World.interrupt_point` inside a step, a message between steps)."""
         if not self.alive():
             raise WorkerError("the parallel workers are not running; queue the workflow again to restart them")
-        self.runs += 1
         try:
             yield self.world
         except BaseException as exc:

@@ -28,16 +28,21 @@ WIDTH, HEIGHT = 64, 48
 PREVIEW_IMAGE = 1  # ComfyUI's binary websocket event: a JPEG/PNG preview
 
 
-@pytest.fixture(scope="module")
-def tiny_files(comfy_server):
+def write_tiny_files(root: Path) -> None:
+    """The tiny DiT and a prompt embedding into a ComfyUI base folder's model folders."""
     import torch
     from safetensors.torch import save_file
 
     from omnivideo.models.omnidreams.text import save_embedding
 
-    save_file(stored_state_dict(TINY, seed=5), str(comfy_server.root / "models" / "diffusion_models" / CKPT))
+    save_file(stored_state_dict(TINY, seed=5), str(root / "models" / "diffusion_models" / CKPT))
     text = torch.randn(1, 512, TINY.text_in_dim, generator=torch.Generator().manual_seed(2))
-    save_embedding(str(comfy_server.root / "models" / "text_encoders" / EMBEDDING), text, "a road")
+    save_embedding(str(root / "models" / "text_encoders" / EMBEDDING), text, "a road")
+
+
+@pytest.fixture(scope="module")
+def tiny_files(comfy_server):
+    write_tiny_files(comfy_server.root)
 
 
 @pytest.fixture

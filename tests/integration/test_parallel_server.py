@@ -15,27 +15,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.omnidreams_tiny import TINY_4_HEADS, stored_state_dict  # noqa: E402
-from test_omnidreams_stream_server import follow, frames_of, videos  # noqa: E402
+from test_omnidreams_stream_server import (  # noqa: E402
+    HEIGHT,
+    WIDTH,
+    follow,
+    frames_of,
+    stream_graph,
+    videos,
+    write_tiny_files,
+)
 
 pytestmark = pytest.mark.integration
-
-CKPT, EMBEDDING = "omnidreams_cp_tiny.safetensors", "omnidreams_cp_prompt.safetensors"
-WIDTH, HEIGHT = 64, 48  # 4x3 tokens a frame, 24 a chunk
 
 
 @pytest.fixture(scope="module")
 def cp_files(comfy_server):
-    import torch
-
     comfy_server.free(unload_models=True)  # workers an earlier test's parallel workflow left running
-    from safetensors.torch import save_file
-
-    from omnivideo.models.omnidreams.text import save_embedding
-
-    save_file(stored_state_dict(TINY_4_HEADS, seed=6), str(comfy_server.root / "models" / "diffusion_models" / CKPT))
-    text = torch.randn(1, 512, TINY_4_HEADS.text_in_dim, generator=torch.Generator().manual_seed(4))
-    save_embedding(str(comfy_server.root / "models" / "text_encoders" / EMBEDDING), text, "a road")
+    write_tiny_files(comfy_server.root)
     yield
     comfy_server.free(unload_models=True)  # leave no workers for the other tests
 
@@ -54,60 +50,41 @@ def worker_pids(server) -> list[int]:
     return sorted(pids)
 
 
-def models(world_size: int) -> dict:
-    return {
-        "1": {
-            "class_type": "OmniDreamsModelLoader",
-            "inputs": {"ckpt_name": CKPT, "dtype": "fp32", "window_frames": 4, "sink_frames": 0},
-        },
-        "2": {"class_type": "OmniDreamsLoadTextEmbedding", "inputs": {"embedding": EMBEDDING}},
-        "p": {"class_type": "OmniVideoParallel", "inputs": {"model": ["1", 0], "world_size": world_size}},
-    }
+def parallel(graph: dict, world_size: int) -> dict:
+    """`graph` with OmniVideo Parallel between its model loader (node "1") and the nodes that take the model."""
+    wired = {nid: {**node, "inputs": {**node["inputs"]}} for nid, node in graph.items()}
+    for node in wired.values():
+        if node["inputs"].get("model") == ["1", 0]:
+            node["inputs"]["model"] = ["p", 0]
+    wired["p"] = {"class_type": "OmniVideoParallel", "inputs": {"model": ["1", 0], "world_size": world_size}}
+    return wired
 
 
 def sampler_graph(world_size: int, vae_file: str, name: str) -> dict:
-    return {
-        **models(world_size),
-        "3": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
-        "4": {
-            "class_type": "OmniDreamsSampler",
-            "inputs": {
-                "model": ["p", 0],
-                "conditioning": ["2", 0],
-                "seed": 3,
-                "frames": 21,
-                "steps": 0,
-                "width": WIDTH,
-                "height": HEIGHT,
-            },
-        },
-        "5": {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["3", 0]}},
-        "6": {"class_type": "OmniVideoTestSaveTensor", "inputs": {"images": ["5", 0], "name": name}},
-    }
-
-
-def stream_graph(world_size: int, vae_file: str, prefix: str, chunks: int, seed: int = 3) -> dict:
-    return {
-        **models(world_size),
-        "3": {"class_type": "VAELoader", "inputs": {"vae_name": vae_file}},
-        "4": {
-            "class_type": "OmniDreamsStream",
-            "inputs": {
-                "model": ["p", 0],
-                "conditioning": ["2", 0],
-                "vae": ["3", 0],
-                "seed": seed,
-                "chunks": chunks,
-                "width": WIDTH,
-                "height": HEIGHT,
-                "filename_prefix": prefix,
-                "fusion": "torch",
-            },
+    """The stream test's loaders -> OmniDreams Sampler -> core VAE Decode -> the probe's tensor file `name`."""
+    graph = stream_graph(vae_file, "unused", chunks=1)
+    graph["4"] = {
+        "class_type": "OmniDreamsSampler",
+        "inputs": {
+            "model": ["1", 0],
+            "conditioning": ["2", 0],
+            "seed": 3,
+            "frames": 21,
+            "steps": 0,
+            "width": WIDTH,
+            "height": HEIGHT,
         },
     }
+    graph["5"] = {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["3", 0]}}
+    graph["6"] = {"class_type": "OmniVideoTestSaveTensor", "inputs": {"images": ["5", 0], "name": name}}
+    return parallel(graph, world_size)
 
 
-def _images(comfy_server, graph) -> torch.Tensor:  # noqa: F821
+def cp_stream_graph(world_size: int, vae_file: str, prefix: str, chunks: int, seed: int = 3) -> dict:
+    return parallel(stream_graph(vae_file, prefix, chunks, seed), world_size)
+
+
+def _images(comfy_server, graph):
     from safetensors.torch import load_file
 
     (saved,) = comfy_server.run(graph, timeout=300)["outputs"]["6"]["probe"]
@@ -138,7 +115,7 @@ def test_parallel_stream_writes_the_single_process_video(comfy_server, cp_files,
 
     tag = uuid.uuid4().hex[:6]
     for name, world, seed in (("one", 1, 3), ("two", 2, 3), ("other", 1, 4)):
-        events, previews = follow(comfy_server, stream_graph(world, vae_file, f"omnidreams/{name}_{tag}", 3, seed))
+        events, previews = follow(comfy_server, cp_stream_graph(world, vae_file, f"omnidreams/{name}_{tag}", 3, seed))
         assert events[-1][0] == "execution_success", events[-1]
         assert len(previews) == 3
     one, two, other = (
@@ -155,17 +132,18 @@ def test_parallel_stream_writes_the_single_process_video(comfy_server, cp_files,
 
 def test_interrupt_keeps_the_workers_and_unload_models_stops_them(comfy_server, cp_files, vae_file):
     tag = uuid.uuid4().hex[:6]
-    follow(comfy_server, stream_graph(2, vae_file, f"omnidreams/cpi_{tag}", 1))
+    follow(comfy_server, cp_stream_graph(2, vae_file, f"omnidreams/cpi_{tag}", 1))
     pids = worker_pids(comfy_server)
     assert len(pids) == 1
-    events, previews = follow(comfy_server, stream_graph(2, vae_file, f"omnidreams/cpj_{tag}", 60), interrupt_after=1)
+    long_run = cp_stream_graph(2, vae_file, f"omnidreams/cpj_{tag}", 60)
+    events, previews = follow(comfy_server, long_run, interrupt_after=1)
     assert events[-1][0] == "execution_interrupted", events[-1]
     assert worker_pids(comfy_server) == pids
 
     info = comfy_server.run({"1": {"class_type": "OmniVideoBackendInfo", "inputs": {}}})["outputs"]["1"]["text"][0]
     assert "parallel: running, world size 2" in info and str(pids[0]) in info, info
 
-    events, _ = follow(comfy_server, stream_graph(2, vae_file, f"omnidreams/cpk_{tag}", 2))
+    events, _ = follow(comfy_server, cp_stream_graph(2, vae_file, f"omnidreams/cpk_{tag}", 2))
     assert events[-1][0] == "execution_success", events[-1]
     assert worker_pids(comfy_server) == pids  # still in step after the cancel
 
@@ -186,17 +164,12 @@ def test_workers_end_with_the_server(tmp_path, comfyui_path, stop):
     without atexit)."""
     import signal
 
-    import torch
     from conftest import running_comfyui
-    from safetensors.torch import save_file
-
-    from omnivideo.models.omnidreams.text import save_embedding
 
     with running_comfyui(tmp_path, str(comfyui_path), with_vae=False) as server:
-        save_file(stored_state_dict(TINY_4_HEADS, seed=6), str(tmp_path / "models" / "diffusion_models" / CKPT))
-        text = torch.randn(1, 512, TINY_4_HEADS.text_in_dim)
-        save_embedding(str(tmp_path / "models" / "text_encoders" / EMBEDDING), text, "a road")
-        graph = {**models(2), "s": {"class_type": "OmniVideoTestSink", "inputs": {"value": ["p", 0]}}}
+        write_tiny_files(tmp_path)
+        graph = parallel({"1": stream_graph("", "", 1)["1"]}, 2)
+        graph["s"] = {"class_type": "OmniVideoTestSink", "inputs": {"value": ["p", 0]}}
         server.run(graph, timeout=300)  # OmniVideo Parallel starts the worker
         pids = worker_pids(server)
         assert len(pids) == 1, pids
