@@ -6,6 +6,8 @@ for device tensors (NCCL on CUDA, HCCL on Ascend) and gloo for CPU tensors (the 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .platform import Platform
@@ -20,12 +22,13 @@ def process_group_backend(platform: Platform) -> str:
 
 
 def device_count(platform: Platform) -> int:
-    """Devices a world can spread over on this machine; on CPU any number of ranks share the one CPU."""
+    """Ranks a world can spread over on this machine: its devices; on CPU its cores (ranks beyond them only
+    oversubscribe the cores, and each rank holds a whole copy of the weights)."""
     if platform.name == "cuda":
         return torch.cuda.device_count()
     if platform.name == "npu":
         return torch.npu.device_count()  # type: ignore[attr-defined]
-    return 0
+    return os.cpu_count() or 1
 
 
 def rank_device(platform: Platform, local_rank: int) -> torch.device:

@@ -27,8 +27,10 @@ def backend_report(platform: Platform | None = None) -> str:
         f"python {_py_platform.python_version()}, torch {torch.__version__}, triton {_version('triton')}, "
         f"diffusers {_version('diffusers')}, transformers {_version('transformers')}",
     ]
-    ranks = f"up to {device_count(platform)} ranks" if platform.name != "cpu" else "CPU ranks"
-    lines.append(f"OmniVideo Parallel: {ranks}, torch.distributed backend {process_group_backend(platform)}")
+    lines.append(
+        f"OmniVideo Parallel: up to {device_count(platform)} ranks, torch.distributed backend "
+        f"{process_group_backend(platform)}"
+    )
     for op in ops():
         kinds = [True] + ([False] if any(not i.exact for i in implementations(op).values()) else [])
         for exact in kinds:

@@ -27,7 +27,8 @@ class OmniVideoParallel(io.ComfyNode):
                 "per extra device (started here, kept across queue runs, stopped by 'Unload models' or server exit) "
                 "loads the same weights. Each step's tokens are split over the ranks and attention trades them for "
                 "whole heads (Ulysses); OmniDreams' KV window is split by heads. Output equals one device's. "
-                "world_size must divide the heads (OmniDreams: 16). 1 = this process only."
+                "world_size must divide the heads (OmniDreams: 16) and is at most the devices (on CPU: the cores). "
+                "1 = this process only."
             ),
             inputs=[
                 ModelType.Input("model"),
@@ -41,13 +42,12 @@ class OmniVideoParallel(io.ComfyNode):
         family = getattr(model, "family", None)
         if family not in FAMILIES:
             raise ValueError(f"OmniVideo Parallel needs an OmniVideo model, got {type(model).__name__}")
-        devices = device_count(PLATFORM)
-        if world_size > devices and PLATFORM.name != "cpu" and not external_workers():
-            raise ValueError(
-                f"world_size {world_size} needs {world_size} {PLATFORM.name} devices; this machine has {devices}"
-            )
         config = model.transformer.config
         SequenceShard(0, world_size).check_heads(getattr(config, "num_heads", None) or config.num_attention_heads)
+        devices = device_count(PLATFORM)
+        if world_size > devices and not external_workers():
+            unit = "cores" if PLATFORM.name == "cpu" else f"{PLATFORM.name} devices"
+            raise ValueError(f"world_size {world_size} needs {world_size} {unit}; this machine has {devices}")
         parallel = model.replace(world_size=world_size)
         if world_size > 1:
             START_WORKERS[family](parallel)  # start now, so a missing file or device shows at this node

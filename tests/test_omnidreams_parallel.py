@@ -191,13 +191,19 @@ def test_workers_started_by_torchrun_join_rank_0(tmp_path, monkeypatch):
         torchrun.wait()
 
 
-def test_parallel_node_checks_the_heads_before_starting_workers(tmp_path):
+def test_parallel_node_checks_the_heads_before_starting_workers(tmp_path, monkeypatch):
+    from omnivideo.backends import distributed
     from omnivideo.nodes.parallel import OmniVideoParallel
 
     pool_mod.stop_pool()
     model = _handle(tmp_path, TINY_4_HEADS, 1)
     with pytest.raises(ValueError, match="use a world size that divides 4"):
         OmniVideoParallel.execute(model, world_size=3)
+    assert pool_mod.current_pool() is None
+    with monkeypatch.context() as m:  # a one-core machine: no second rank (each would hold all the weights)
+        m.setattr(distributed.os, "cpu_count", lambda: 1)
+        with pytest.raises(ValueError, match="world_size 2 needs 2 cores; this machine has 1"):
+            OmniVideoParallel.execute(model, world_size=2)
     assert pool_mod.current_pool() is None
     alone = OmniVideoParallel.execute(model, world_size=1).args[0]
     assert alone.world_size == 1 and pool_mod.current_pool() is None
