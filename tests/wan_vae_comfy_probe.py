@@ -10,6 +10,7 @@ GPU. Not a test module itself (no test_ prefix).
 """
 
 import gc
+import itertools
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ from support.wan_vae_fixtures import COMFY_FULL, random_wan_state_dict  # noqa: 
 
 import nodes as comfy_nodes  # noqa: E402  (ComfyUI's nodes.py: core VAEDecode)
 from omnivideo.kernels import wan_vae_torch, wan_vae_triton  # noqa: E402
+from omnivideo.models.wan_vae import fused  # noqa: E402
 from omnivideo.models.wan_vae.fused import patched_modules  # noqa: E402
 from omnivideo.nodes.wan_vae_decode import OmniVideoWanVAEDecode  # noqa: E402
 from omnivideo.pipelines.wan_decode import select_fusion  # noqa: E402
@@ -45,13 +47,15 @@ MODULES = {"2.1": wan21, "2.2": wan22}
 
 
 class Counting:
-    """Counts the fused ops calls of both implementation modules (proves the fast paths ran)."""
+    """Counts the fused ops calls of both implementation modules and the fused norm + SiLU chains of the fast
+    forwards (proves the fast paths ran)."""
 
     def __init__(self):
         self.calls = {}
         for mod in (wan_vae_torch, wan_vae_triton):
             for op in ("cat_pad_5d", "dup_up3d_add"):
                 self._wrap(mod, op)
+        self._wrap(fused, "_norm_silu")
 
     def _wrap(self, mod, op):
         key = f"{mod.__name__.rsplit('.', 1)[1]}.{op}"
@@ -100,7 +104,9 @@ def ours(vae, z, fusion):
 
 def compare(vae, z, levels, core=None):
     core = core_decode(vae, z) if core is None else core
-    out = {"shape": list(core.shape), "levels": {}}
+    model = vae.first_stage_model
+    # ComfyUI's 2026 2.1 decoder (2-frame pieces) leaves no data movement to cat_pad_5d
+    out = {"shape": list(core.shape), "levels": {}, "pieces": fused._pieces_layout(model.decoder)}
     for fusion in levels:
         before = COUNT.snapshot()
         got = ours(vae, z, fusion)
@@ -149,6 +155,9 @@ def structure(vae, z) -> dict:
         "patched_after": patched_modules(model),
         "progress": steps,
         "latent_frames": z.shape[0] * z.shape[2],
+        "expected_progress": list(
+            itertools.accumulate(z.shape[0] * (b - a) for a, b in fused._latent_calls(model, z.shape[2]))
+        ),
     }
     # core VAE Decode of the same VAE object right after ours: core's forwards (no fused op call), same pixels
     before = COUNT.snapshot()
@@ -156,22 +165,16 @@ def structure(vae, z) -> dict:
     result["core_after_ours_fused_calls"] = sum(COUNT.snapshot().values()) - sum(before.values())
     result["core_after_ours_equal"] = bool(torch.equal(again, first))
 
-    # an interrupt in the middle of our decode: raised, and the VAE is restored all the same
-    calls = {"n": 0}
-
-    def interrupt_later(module, _args):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            comfy.model_management.interrupt_current_processing(True)
-
-    handle = model.decoder.register_forward_pre_hook(interrupt_later)
+    # an interrupt in the middle of our decode (after its first decoder call): raised, and the VAE is restored
+    interrupt = lambda value, total, preview, node_id=None: comfy.model_management.interrupt_current_processing(True)
+    comfy.utils.set_progress_bar_global_hook(interrupt)
     try:
         ours(vae, z, "torch")
         result["interrupt"] = "not raised"
     except comfy.model_management.InterruptProcessingException:
         result["interrupt"] = "raised"
     finally:
-        handle.remove()
+        comfy.utils.set_progress_bar_global_hook(None)
         comfy.model_management.interrupt_current_processing(False)
     result["patched_after_interrupt"] = patched_modules(model)
     return result

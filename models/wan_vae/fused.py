@@ -23,11 +23,24 @@ Each rebind runs ComfyUI's operations in ComfyUI's order, with bit-preserving ch
 
 Every fused call site checks its guard first (inference, one dtype/device/memory format, a device the
 ops support) and otherwise runs ComfyUI's exact operation order.
+
+ComfyUI rewrote these modules in 2026 (v0.33: PRs #12036, #13014, #13101). Which code a fast path follows is
+read off the installed modules, never off a version number:
+
+* `CausalConv3d` with an int `_padding` pads only time itself (H and W are its Conv3d's own padding) and runs
+  a single uncached frame on truncated taps: that call stays ComfyUI's, and `cat_pad_5d` writes only the
+  temporal front;
+* a 2.1 `Decoder3d` with `run_up` decodes 1, then 2 latent frames per call and splits after each temporal
+  upsample into 2-frame pieces; its `ResidualBlock` (a `final` argument) keeps views of the conv inputs as
+  caches and calls the convs with `cache_list`. There only the norm + SiLU chains, the residual add and the
+  output buffer are ours; every conv call, cache and split is ComfyUI's. Core's `VAE.decode` then hands our
+  decode its output buffer (`comfy_has_chunked_io`), so the pieces land in it without a `torch.cat` or a copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -83,6 +96,19 @@ def _conv(conv: nn.Module, padded: torch.Tensor) -> torch.Tensor:
     return _conv_base(type(conv)).forward(conv, padded)
 
 
+def _single_frame_taps(conv, x, cache) -> bool:
+    """ComfyUI's 2026 CausalConv3d runs one uncached frame on the conv's last temporal taps (no zero frames):
+    a different conv call from the padded one, so the fused code leaves it to ComfyUI."""
+    return isinstance(conv._padding, int) and cache is None and x.shape[2] == 1
+
+
+def _cat_padding(conv) -> tuple:
+    """What `cat_pad_5d` pads for a CausalConv3d, in F.pad order: everything for the 2025 module (its Conv3d
+    pads nothing), only the temporal front for the 2026 one (its Conv3d pads H and W itself)."""
+    p = conv._padding
+    return tuple(p) if not isinstance(p, int) else (0, 0, 0, 0, p, 0)
+
+
 def _cached_conv(module, conv, take: list, feat_cache, feat_idx):
     """conv(x, feat_cache[idx]) and store x's last CACHE_T frames as the next cache.
 
@@ -92,8 +118,9 @@ def _cached_conv(module, conv, take: list, feat_cache, feat_idx):
     cache = feat_cache[idx]
     ops = module._omnivideo_ops
     module._omnivideo_check()
-    if _fusable(ops, x, *([cache] if cache is not None else [])):
-        padded, feat_cache[idx] = ops.cat_pad_5d(x, cache, conv._padding, keep_cache_frames=CACHE_T)
+    fusable = _fusable(ops, x, *([cache] if cache is not None else []))
+    if fusable and not _single_frame_taps(conv, x, cache):
+        padded, feat_cache[idx] = ops.cat_pad_5d(x, cache, _cat_padding(conv), keep_cache_frames=CACHE_T)
         del x, cache
         out = _conv(conv, padded)
     else:  # ComfyUI's order
@@ -144,6 +171,40 @@ def _residual_block_forward(self, x, feat_cache=None, feat_idx=[0]):
     return _add(y, self.shortcut(x))
 
 
+def _core_cached_conv(conv, x, feat_cache, feat_idx):
+    """A cached conv call as ComfyUI's 2026 2.1 blocks make it: the cache is a view of the conv's input."""
+    idx = feat_idx[0]
+    cache_x = x[:, :, -CACHE_T:]
+    out = conv(x, cache_list=feat_cache, cache_idx=idx)
+    feat_cache[idx] = cache_x
+    feat_idx[0] += 1
+    return out
+
+
+def _residual_block_pieces_forward(self, x, feat_cache=None, feat_idx=[0], final=False):
+    """ComfyUI's 2026 2.1 ResidualBlock with its norm + SiLU chains and the residual add in place."""
+    if feat_cache is None:
+        return type(self).forward(self, x)
+    norm1, act1, conv1, norm2, act2, dropout, conv2 = self.residual
+    y = _core_cached_conv(conv1, _norm_silu(self, norm1, act1, x), feat_cache, feat_idx)
+    # conv1's output is ours alone (its cache is a view of conv1's input): normalized in place
+    y = _core_cached_conv(conv2, dropout(_norm_silu(self, norm2, act2, y, owned=True)), feat_cache, feat_idx)
+    return _add(y, self.shortcut(x))
+
+
+def _run_up(self, layer_idx, x_ref, feat_cache, feat_idx, out_chunks):
+    """ComfyUI's 2026 2.1 Decoder3d.run_up (the same recursion, splits and cache slots) with the head's
+    norm + SiLU in one tensor."""
+    if layer_idx < len(self.upsamples) or feat_cache is None:
+        return type(self).run_up(self, layer_idx, x_ref, feat_cache, feat_idx, out_chunks)
+    x = x_ref[0]
+    x_ref[0] = None
+    norm, act, conv = self.head
+    y = _norm_silu(self, norm, act, x)
+    del x
+    out_chunks.append(_core_cached_conv(conv, y, feat_cache, feat_idx))
+
+
 def _decoder_forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):
     wan22 = type(self).__module__ == COMFY_WAN22
     if feat_cache is None:
@@ -167,11 +228,20 @@ def _time_upsample(self, x, feat_cache, feat_idx):
         feat_cache[idx] = "Rep"
         feat_idx[0] += 1
         return x
-    if isinstance(feat_cache[idx], str):
-        # After "Rep", ComfyUI pads two zero frames and caches [0, x] for a 1-frame x: the same as
-        # a one-frame zero cache, which the cached conv handles exactly.
-        feat_cache[idx] = torch.zeros_like(x[:, :, -1:])
-    x = _cached_conv(self, self.time_conv, [x], feat_cache, feat_idx)
+    if isinstance(feat_cache[idx], str) and isinstance(self.time_conv._padding, int):
+        # After "Rep" the 2026 time_conv runs uncached (one frame: on its last taps); ComfyUI caches [0, x]
+        cache_x = x[:, :, -CACHE_T:].clone()
+        if cache_x.shape[2] < CACHE_T:
+            cache_x = torch.cat([torch.zeros_like(cache_x), cache_x], dim=2)
+        x = self.time_conv(x)
+        feat_cache[idx] = cache_x
+        feat_idx[0] += 1
+    else:
+        if isinstance(feat_cache[idx], str):
+            # After "Rep", the 2025 ComfyUI pads two zero frames and caches [0, x] for a 1-frame x: the same
+            # as a one-frame zero cache, which the cached conv handles exactly.
+            feat_cache[idx] = torch.zeros_like(x[:, :, -1:])
+        x = _cached_conv(self, self.time_conv, [x], feat_cache, feat_idx)
     x = x.reshape(b, 2, c, t, h, w)
     x = torch.stack((x[:, 0], x[:, 1]), 3)
     return x.reshape(b, c, t * 2, h, w)
@@ -208,15 +278,25 @@ def _up_residual_block_forward(self, x, feat_cache=None, feat_idx=[0], first_chu
     return x_main + up(x, first_chunk)
 
 
-def _fast_forward(module: nn.Module):
+def _pieces_layout(module: nn.Module) -> bool:
+    """ComfyUI's 2026 2.1 modules: `final` in a block's forward, `run_up` on the decoder (see the module doc)."""
+    cls = type(module)
+    return hasattr(cls, "run_up") or "final" in inspect.signature(cls.forward).parameters
+
+
+def _fast_forward(module: nn.Module) -> tuple[str, Callable] | None:
+    """(the method to rebind, our version) for one of ComfyUI's decoder modules, or None to leave it as it is."""
     name = comfy_class(module)
+    if name == "Decoder3d":
+        return ("run_up", _run_up) if _pieces_layout(module) else ("forward", _decoder_forward)
+    if name == "ResidualBlock":
+        return ("forward", _residual_block_pieces_forward if _pieces_layout(module) else _residual_block_forward)
     if name == "Resample":
-        return _upsample_forward if module.mode in ("upsample2d", "upsample3d") else None
-    return {
-        "Decoder3d": _decoder_forward,
-        "ResidualBlock": _residual_block_forward,
-        "Up_ResidualBlock": _up_residual_block_forward,
-    }.get(name or "")
+        upsample = module.mode in ("upsample2d", "upsample3d") and not _pieces_layout(module)
+        return ("forward", _upsample_forward) if upsample else None
+    if name == "Up_ResidualBlock":
+        return ("forward", _up_residual_block_forward)
+    return None
 
 
 # ----------------------------------------------------------------------------- decode loop
@@ -233,47 +313,70 @@ def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(b, crq // (p * p), f, h * p, w * p)
 
 
-def _decode(self, z, on_frame: Callable[[int], None] | None = None):
-    """WanVAE.decode (2.1 and 2.2), each latent frame's output copied into one buffer."""
+def _latent_calls(model: nn.Module, frames: int) -> list[tuple[int, int]]:
+    """The latent frames each decoder call of ComfyUI's WanVAE.decode takes: one at a time, or for the 2026 2.1
+    decoder frame 0 and then two at a time (the last one alone when the count is even)."""
+    if not _pieces_layout(model.get_submodule("decoder")):
+        return [(i, i + 1) for i in range(frames)]
+    return [(0, 1)] + [(s, min(s + 2, frames)) for s in range(1, frames, 2)]
+
+
+def _output_shape(self, latent_shape) -> tuple[int, ...]:
+    """The pixel shape ComfyUI's WanVAE.decode returns for a latent shape (`decode_output_shape` of core's
+    chunked-output protocol)."""
+    b, _, frames, h, w = latent_shape
+    step = 2 ** sum(bool(u) for u in self.temperal_upsample)  # pixel frames per latent frame after the first
+    scale = 2 ** (len(self.decoder.dim_mult) - 1) * (2 if type(self).__module__ == COMFY_WAN22 else 1)
+    return (b, 3, 1 + step * (frames - 1), h * scale, w * scale)
+
+
+def _decode(self, z, output_buffer=None, on_frame: Callable[[int], None] | None = None):
+    """WanVAE.decode (2.1 and 2.2, both layouts): ComfyUI's decoder calls, each piece of pixels copied into one
+    buffer (core's, when it hands one over; else the shape, dtype and memory format torch.cat would give)."""
     wan22 = type(self).__module__ == COMFY_WAN22
     feat_map = [None] * _count_causal_convs(self.decoder)
-    if wan22:  # ComfyUI keeps 2.2's cache on the module (clear_cache); 2.1's is a local list
+    if hasattr(self, "clear_cache"):  # the 2025 2.2 module keeps its cache on itself; the others use a local list
         self.clear_cache()
         feat_map = self._feat_map
-    frames = z.shape[2]
-    step = 2 ** sum(bool(u) for u in self.temperal_upsample)  # pixel frames per latent frame after the first
+    out, filled = output_buffer, 0
     try:
         x = self.conv2(z)
-        out = None
-        filled = 0
-        for i in range(frames):
-            kwargs = {"first_chunk": i == 0} if wan22 else {}
-            frame = self.decoder(x[:, :, i : i + 1], feat_cache=feat_map, feat_idx=[0], **kwargs)
-            if out is None:
-                # the shape, dtype and memory format torch.cat would give, allocated once
-                shape = (*frame.shape[:2], frame.shape[2] + step * (frames - 1), *frame.shape[3:])
-                fmt = memory_format_of(frame) if frame.dim() == 5 else torch.contiguous_format
-                out = torch.empty(shape, dtype=frame.dtype, device=frame.device, memory_format=fmt)
-            elif frame.shape[2] != step:
-                raise RuntimeError(f"decoder returned {frame.shape[2]} frames for latent frame {i}, expected {step}")
-            out[:, :, filled : filled + frame.shape[2]] = frame
-            filled += frame.shape[2]
-            del frame
+        for start, stop in _latent_calls(self, z.shape[2]):
+            kwargs = {"first_chunk": start == 0} if wan22 else {}
+            pieces = self.decoder(x[:, :, start:stop], feat_cache=feat_map, feat_idx=[0], **kwargs)
+            pieces = pieces if isinstance(pieces, list) else [pieces]
+            while pieces:
+                piece = pieces.pop(0)
+                piece = _unpatchify(piece, 2) if wan22 else piece
+                if out is None:
+                    fmt = memory_format_of(piece) if piece.dim() == 5 else torch.contiguous_format
+                    out = torch.empty(
+                        _output_shape(self, z.shape), dtype=piece.dtype, device=piece.device, memory_format=fmt
+                    )
+                if filled + piece.shape[2] > out.shape[2] or piece.shape[3:] != out.shape[3:]:
+                    raise RuntimeError(
+                        f"the decoder returned {tuple(piece.shape)} pixels at frame {filled} of {tuple(out.shape)}"
+                    )
+                out[:, :, filled : filled + piece.shape[2]].copy_(piece)
+                filled += piece.shape[2]
+                del piece
             if on_frame is not None:
-                on_frame(z.shape[0])
+                on_frame(z.shape[0] * (stop - start))
     finally:
         feat_map[:] = [None] * len(feat_map)  # drop the feature cache, also when interrupted
-        if wan22:
+        if hasattr(self, "clear_cache"):
             self.clear_cache()
-    assert out is not None  # frames >= 1
-    return _unpatchify(out, 2) if wan22 else out
+    if out is None or filled != out.shape[2]:
+        raise RuntimeError(f"the decoder returned {filled} pixel frames for {z.shape[2]} latent frames")
+    return out
 
 
 # ----------------------------------------------------------------------------- install / restore
 
 
 _MISSING = object()
-_ATTRS = ("forward", "_omnivideo_ops", "_omnivideo_check")
+_ATTRS = ("forward", "run_up", "_omnivideo_ops", "_omnivideo_check")
+_MODEL_ATTRS = ("decode", "comfy_has_chunked_io", "decode_output_shape")
 
 
 @contextlib.contextmanager
@@ -295,18 +398,27 @@ def fused_decode(
         raise ValueError(f"fusion {fusion!r} needs its ops module")
     if wan_version(model) is None:
         raise TypeError(f"not ComfyUI's Wan VAE: {type(model).__module__}.{type(model).__qualname__}")
+    decode = lambda self, z, output_buffer=None: _decode(self, z, output_buffer, on_frame)
     patches: list[tuple[object, dict]] = [
-        (model, {"decode": types.MethodType(lambda self, z: _decode(self, z, on_frame), model)})
+        (
+            model,
+            {  # core's VAE.decode (v0.33) then writes the pixels into its own output buffer through ours
+                "decode": types.MethodType(decode, model),
+                "comfy_has_chunked_io": True,
+                "decode_output_shape": types.MethodType(_output_shape, model),
+            },
+        )
     ]
     if fusion != "reference":
         for module in model.get_submodule("decoder").modules():
             fast = _fast_forward(module)
             if fast is not None:
+                method, forward = fast
                 patches.append(
                     (
                         module,
                         {
-                            "forward": types.MethodType(fast, module),
+                            method: types.MethodType(forward, module),
                             "_omnivideo_ops": ops,
                             "_omnivideo_check": check or (lambda: None),
                         },
@@ -328,4 +440,6 @@ def fused_decode(
 
 def patched_modules(model: nn.Module) -> list[str]:
     """Names of `model`'s modules that carry an instance-level override of ours (empty outside `fused_decode`)."""
-    return [name or "<root>" for name, m in model.named_modules() if any(k in m.__dict__ for k in (*_ATTRS, "decode"))]
+    return [
+        name or "<root>" for name, m in model.named_modules() if any(k in m.__dict__ for k in (*_ATTRS, *_MODEL_ATTRS))
+    ]
