@@ -10,12 +10,14 @@ the whole latent gives; the HD-map frames are taken on the same grid.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
 
 from .. import compat
+from ..backends.log_once import log_once
 from ..models.wan_vae.fused import fused_decode
 from ..models.wan_vae.stream import StreamDecoder, StreamEncoder
 from .omnidreams import (
@@ -46,16 +48,36 @@ class WanChunks:
         self.decoder, self.encoder = StreamDecoder(self.model), StreamEncoder(self.model)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """Raw latent frames [1, 16, T, h, w] -> IMAGE [F, H, W, 3] (what core VAE Decode gives for them)."""
+        """Raw latent frames [1, 16, T, h, w] -> IMAGE [F, H, W, 3] (what core VAE Decode gives for them; ComfyUI's
+        2026 decoder keeps a chunk's last latent frame for the next call, or for `flush`)."""
+        return self._images(lambda: self.decoder.decode(z.to(self.vae.vae_dtype).to(self.vae.device)), z.shape)
+
+    def flush(self) -> torch.Tensor | None:
+        """IMAGE frames of the latent frame still held back (None with ComfyUI's 2025 decoder). They are what a
+        whole decode of the latent frames so far gives; a run resumed from the state before carries on from the
+        held frame decoded with its successor (a whole decode of the longer video)."""
+        if self.decoder.held is None:
+            return None
+        return self._images(self.decoder.flush, (1, self.model.z_dim, 1, *self.decoder.held_hw))
+
+    def _images(self, run, shape) -> torch.Tensor:
         vae = self.vae
-        compat.load_models([vae.patcher], vae.memory_used_decode(z.shape, vae.vae_dtype))
+        compat.load_models([vae.patcher], vae.memory_used_decode(shape, vae.vae_dtype))
         with torch.no_grad(), fused_decode(self.model, self.fusion, self.ops, check=compat.check_interrupt):
-            out = self.decoder.decode(z.to(vae.vae_dtype).to(vae.device))
+            out = run()
         out = vae.process_output(out.to(vae.output_device).float()).movedim(1, -1)
         return out.reshape(-1, *out.shape[-3:])
 
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
         """IMAGE frames [F, H, W, 3] (the next ones of the video) -> raw latent frames [1, 16, T, h, w]."""
+        if self.encoder.pieces:
+            log_once(
+                ("stream-encode-pieces",),
+                logging.WARNING,
+                "OmniDreams Stream: this ComfyUI's Wan VAE encoder holds frames back from one call to the next, and "
+                "the stream ends each chunk's HD-map encode, so after the first latent frame the HD-map latents are "
+                "not those of one encode of the whole video (ComfyUI before 2026 gives the same latents).",
+            )
         vae = self.vae
         pixels = frames.movedim(-1, 1).movedim(1, 0).unsqueeze(0)
         compat.load_models([vae.patcher], vae.memory_used_encode(pixels.shape, vae.vae_dtype))
@@ -169,7 +191,12 @@ def stream(
             write(images)
             written, made = written + images.shape[0], made + 1
             bar.update(1, preview=_preview(images[-1]))
+        # the state before the held-back frames are decoded: a resumed run decodes them with their successors
         state = StreamState({**run.state_dict(), **wan.state_dict()}, metadata) if model.world_size == 1 else None
+        tail = wan.flush()
+        if tail is not None:
+            write(tail)
+            written += tail.shape[0]
         return StreamResult(made, written, state)
     finally:
         run.close()

@@ -106,7 +106,7 @@ def compare(vae, z, levels, core=None):
     core = core_decode(vae, z) if core is None else core
     model = vae.first_stage_model
     # ComfyUI's 2026 2.1 decoder (2-frame pieces) leaves no data movement to cat_pad_5d
-    out = {"shape": list(core.shape), "levels": {}, "pieces": fused._pieces_layout(model.decoder)}
+    out = {"shape": list(core.shape), "levels": {}, "pieces": fused.pieces_layout(model.decoder)}
     for fusion in levels:
         before = COUNT.snapshot()
         got = ours(vae, z, fusion)

@@ -278,7 +278,7 @@ def _up_residual_block_forward(self, x, feat_cache=None, feat_idx=[0], first_chu
     return x_main + up(x, first_chunk)
 
 
-def _pieces_layout(module: nn.Module) -> bool:
+def pieces_layout(module: nn.Module) -> bool:
     """ComfyUI's 2026 2.1 modules: `final` in a block's forward, `run_up` on the decoder (see the module doc)."""
     cls = type(module)
     return hasattr(cls, "run_up") or "final" in inspect.signature(cls.forward).parameters
@@ -288,11 +288,11 @@ def _fast_forward(module: nn.Module) -> tuple[str, Callable] | None:
     """(the method to rebind, our version) for one of ComfyUI's decoder modules, or None to leave it as it is."""
     name = comfy_class(module)
     if name == "Decoder3d":
-        return ("run_up", _run_up) if _pieces_layout(module) else ("forward", _decoder_forward)
+        return ("run_up", _run_up) if pieces_layout(module) else ("forward", _decoder_forward)
     if name == "ResidualBlock":
-        return ("forward", _residual_block_pieces_forward if _pieces_layout(module) else _residual_block_forward)
+        return ("forward", _residual_block_pieces_forward if pieces_layout(module) else _residual_block_forward)
     if name == "Resample":
-        upsample = module.mode in ("upsample2d", "upsample3d") and not _pieces_layout(module)
+        upsample = module.mode in ("upsample2d", "upsample3d") and not pieces_layout(module)
         return ("forward", _upsample_forward) if upsample else None
     if name == "Up_ResidualBlock":
         return ("forward", _up_residual_block_forward)
@@ -316,7 +316,7 @@ def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
 def _latent_calls(model: nn.Module, frames: int) -> list[tuple[int, int]]:
     """The latent frames each decoder call of ComfyUI's WanVAE.decode takes: one at a time, or for the 2026 2.1
     decoder frame 0 and then two at a time (the last one alone when the count is even)."""
-    if not _pieces_layout(model.get_submodule("decoder")):
+    if not pieces_layout(model.get_submodule("decoder")):
         return [(i, i + 1) for i in range(frames)]
     return [(0, 1)] + [(s, min(s + 2, frames)) for s in range(1, frames, 2)]
 

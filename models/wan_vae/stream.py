@@ -3,6 +3,11 @@ the latents / frames equal one encode / decode of the whole video (ComfyUI's own
 `WanVAE.encode` / `decode`). An autoregressive rollout decodes each chunk as soon as it is made, in constant memory.
 
 The caches are the state a resumed rollout needs: `state_dict` / `load_state_dict` keep them as tensors.
+
+ComfyUI's 2026 2.1 modules (see fused.py) group frames differently, and the stream follows them: the decoder takes
+latent frame 0 alone and then pairs (1, 2), (3, 4), ..., so a chunk's last latent frame waits for the next chunk
+(`flush` decodes it alone at the end, as the whole decode does with a last odd frame); the encoder takes pixel
+frame 0 and then pairs, and its temporal downsamples hold single frames back until a `final` call.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .fused import comfy_class, wan_version
+from .fused import comfy_class, pieces_layout, wan_version
 
 REP = "Rep"  # what ComfyUI's Resample stores in a cache slot before its first real frame
 
@@ -28,8 +33,11 @@ class _Stream:
                 f"streaming needs ComfyUI's Wan 2.1 VAE, got {type(model).__module__}.{type(model).__name__}"
             )
         self.model: Any = model  # ComfyUI's WanVAE: encoder / decoder / conv1 / conv2
-        # one slot per causal conv of the decoder: ComfyUI sizes the encoder's cache by the decoder's convs too
-        self.cache: list = [None] * _causal_convs(model.get_submodule("decoder"))
+        self.pieces = pieces_layout(model.get_submodule("decoder"))
+        # one slot per causal conv of the decoder (the 2025 ComfyUI sizes the encoder's cache so too), and for the
+        # 2026 encoder two per temporal downsample (its cache and the frame it holds back)
+        downsamples = sum(1 for m in model.modules() if comfy_class(m) == "Resample" and m.mode == "downsample3d")
+        self.cache: list = [None] * (_causal_convs(model.get_submodule("decoder")) + 2 * downsamples * self.pieces)
         self.frames = 0  # input frames taken so far
 
     def state_dict(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -53,16 +61,61 @@ class _Stream:
 
 
 class StreamDecoder(_Stream):
-    """`decode(z)` of consecutive latent frames -> their pixel frames (1 + 4 (T - 1) in all), as `WanVAE.decode`
-    of the whole latent gives them."""
+    """`decode(z)` of consecutive latent frames -> their pixel frames (1 + 4 (T - 1) in all after `flush`), as
+    `WanVAE.decode` of the whole latent gives them."""
 
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.held: torch.Tensor | None = None  # the 2026 decoder's odd latent frame (after conv2), waiting for its pair
+        self.skip = 0  # pixel frames the next call returns that an earlier run's flush already gave
+
+    def _call(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = self.model.decoder(x, feat_cache=self.cache, feat_idx=[0])
+        return out if isinstance(out, list) else [out]
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor | None:
         x = self.model.conv2(z)
-        out = []
-        for i in range(z.shape[2]):
-            out.append(self.model.decoder(x[:, :, i : i + 1], feat_cache=self.cache, feat_idx=[0]))
+        first = self.frames == 0
         self.frames += z.shape[2]
-        return torch.cat(out, 2)
+        if not self.pieces:
+            return torch.cat([piece for i in range(x.shape[2]) for piece in self._call(x[:, :, i : i + 1])], 2)
+        if self.held is not None:
+            x = torch.cat([self.held, x], 2)
+        calls = [(0, 1)] if first else []
+        start = 1 if first else 0
+        calls += [(s, s + 2) for s in range(start, x.shape[2] - 1, 2)]
+        self.held = x[:, :, calls[-1][1] :].clone() if calls and calls[-1][1] < x.shape[2] else None
+        if not calls:
+            self.held = x.clone()
+        out = [piece for a, b in calls for piece in self._call(x[:, :, a:b])]
+        frames = torch.cat(out, 2) if out else None
+        if frames is not None and self.skip:
+            frames, self.skip = frames[:, :, self.skip :], 0
+        return frames
+
+    @property
+    def held_hw(self) -> tuple[int, int]:
+        return tuple(self.held.shape[3:]) if self.held is not None else (1, 1)
+
+    def flush(self) -> torch.Tensor | None:
+        """The held latent frame decoded alone (the whole decode's last call for an even frame count), else None.
+        The caches then belong to the end of the video: continue from a `state_dict` taken before."""
+        if self.held is None:
+            return None
+        held, self.held = self.held, None
+        return torch.cat(self._call(held), 2)
+
+    def state_dict(self, prefix: str) -> dict[str, torch.Tensor]:
+        state = super().state_dict(prefix)
+        if self.held is not None:  # the resumed run decodes it with its pair and drops what `flush` gave here
+            state[f"{prefix}.held"] = self.held
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], prefix: str, device: torch.device) -> None:
+        held = state.get(f"{prefix}.held")
+        super().load_state_dict({k: v for k, v in state.items() if k != f"{prefix}.held"}, prefix, device)
+        self.held = None if held is None else held.to(device)
+        self.skip = 0 if held is None else 2 ** sum(bool(u) for u in self.model.temperal_upsample)
 
 
 class StreamEncoder(_Stream):
@@ -76,7 +129,14 @@ class StreamEncoder(_Stream):
             raise ValueError(
                 f"{x.shape[2]} frames after {self.frames}: the Wan VAE encodes frame 0 alone, then groups of 4"
             )
-        groups = ([x[:, :, :1]] if first else []) + [x[:, :, s : s + 4] for s in range(first, x.shape[2], 4)]
-        out = torch.cat([self.model.encoder(g, feat_cache=self.cache, feat_idx=[0]) for g in groups], 2)
+        size = 2 if self.pieces else 4  # pixel frames a call of ComfyUI's WanVAE.encode takes after frame 0
+        groups = ([x[:, :, :1]] if first else []) + [x[:, :, s : s + size] for s in range(first, x.shape[2], size)]
+        out = []
+        for i, group in enumerate(groups):
+            # the 2026 encoder: the chunk's last call is `final`, so no latent frame stays held back in it
+            final = {"final": True} if self.pieces and i == len(groups) - 1 else {}
+            latent = self.model.encoder(group, feat_cache=self.cache, feat_idx=[0], **final)
+            if latent is not None:
+                out.append(latent)
         self.frames += x.shape[2]
-        return self.model.conv1(out).chunk(2, dim=1)[0]
+        return self.model.conv1(torch.cat(out, 2)).chunk(2, dim=1)[0]
