@@ -40,7 +40,7 @@ COMFYUI_MODULES = {
 FILES = sorted(
     p
     for p in PACK.rglob("*.py")
-    if not {"tests", "benchmarks", ".venv", ".comfy-venv", "build"} & set(p.relative_to(PACK).parts)
+    if not {"tests", "benchmarks", ".venv", ".comfy-venv", ".comfy33-venv", "build"} & set(p.relative_to(PACK).parts)
 )
 
 
