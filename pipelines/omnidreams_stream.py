@@ -9,6 +9,7 @@ the whole latent gives; the HD-map frames are taken on the same grid.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Generator
@@ -52,18 +53,19 @@ class WanChunks:
         2026 decoder keeps a chunk's last latent frame for the next call, or for `flush`)."""
         return self._images(lambda: self.decoder.decode(z.to(self.vae.vae_dtype).to(self.vae.device)), z.shape)
 
-    def flush(self) -> torch.Tensor | None:
+    def flush(self, cancellable: bool = True) -> torch.Tensor | None:
         """IMAGE frames of the latent frame still held back (None with ComfyUI's 2025 decoder). They are what a
         whole decode of the latent frames so far gives; a run resumed from the state before carries on from the
         held frame decoded with its successor (a whole decode of the longer video)."""
         if self.decoder.held is None:
             return None
-        return self._images(self.decoder.flush, (1, self.model.z_dim, 1, *self.decoder.held_hw))
+        shape = (1, self.model.z_dim, 1, *self.decoder.held_hw)
+        return self._images(self.decoder.flush, shape, compat.check_interrupt if cancellable else None)
 
-    def _images(self, run, shape) -> torch.Tensor:
+    def _images(self, run, shape, check=compat.check_interrupt) -> torch.Tensor:
         vae = self.vae
         compat.load_models([vae.patcher], vae.memory_used_decode(shape, vae.vae_dtype))
-        with torch.no_grad(), fused_decode(self.model, self.fusion, self.ops, check=compat.check_interrupt):
+        with torch.no_grad(), fused_decode(self.model, self.fusion, self.ops, check=check):
             out = run()
         out = vae.process_output(out.to(vae.output_device).float()).movedim(1, -1)
         return out.reshape(-1, *out.shape[-3:])
@@ -172,25 +174,15 @@ def stream(
         if hdmap is not None:
             maps = video_frames(hdmap, w * VAE_SPATIAL, h * VAE_SPATIAL, skip=wan.encoder.frames)
         bar = (progress or compat.ProgressBar)(chunks)
-        written = made = 0
-        for _ in range(chunks):
-            k = run.chunk
-            hd = None
-            if maps is not None:
-                need = hdmap_pixel_frames(k, settings.len_t)
-                frames = [frame for _, frame in zip(range(need), maps)]
-                if len(frames) < need:
-                    raise ValueError(
-                        f"the HD-map video ends at frame {wan.encoder.frames + len(frames)}; chunk {k} needs frames up "
-                        f"to {wan.encoder.frames + need}. Use a longer HD-map video or fewer chunks."
-                    )
-                hd = normalize_latent(wan.encode(torch.stack(frames)))
-            compat.load_models([model.patcher])  # back in place if ComfyUI moved it to make room for the VAE
-            x0 = run.step(prompts.at(k), hd)
-            images = wan.decode(denormalize_latent(x0))
-            write(images)
-            written, made = written + images.shape[0], made + 1
-            bar.update(1, preview=_preview(images[-1]))
+        try:
+            made, written = _roll(run, wan, prompts, maps, settings, model, chunks, write, bar)
+        except BaseException:
+            # a cancel or an error: the finished chunks' held-back frames still go to the file (no cancel point)
+            with contextlib.suppress(Exception):
+                tail = wan.flush(cancellable=False)
+                if tail is not None:
+                    write(tail)
+            raise
         # the state before the held-back frames are decoded: a resumed run decodes them with their successors
         state = StreamState({**run.state_dict(), **wan.state_dict()}, metadata) if model.world_size == 1 else None
         tail = wan.flush()
@@ -203,6 +195,30 @@ def stream(
         if maps is not None:
             maps.close()
         compat.free_memory()
+
+
+def _roll(run, wan, prompts, maps, settings, model, chunks, write, bar) -> tuple[int, int]:
+    """The chunk loop of `stream`: (chunks made, pixel frames written)."""
+    written = made = 0
+    for _ in range(chunks):
+        k = run.chunk
+        hd = None
+        if maps is not None:
+            need = hdmap_pixel_frames(k, settings.len_t)
+            frames = [frame for _, frame in zip(range(need), maps)]
+            if len(frames) < need:
+                raise ValueError(
+                    f"the HD-map video ends at frame {wan.encoder.frames + len(frames)}; chunk {k} needs frames up "
+                    f"to {wan.encoder.frames + need}. Use a longer HD-map video or fewer chunks."
+                )
+            hd = normalize_latent(wan.encode(torch.stack(frames)))
+        compat.load_models([model.patcher])  # back in place if ComfyUI moved it to make room for the VAE
+        x0 = run.step(prompts.at(k), hd)
+        images = wan.decode(denormalize_latent(x0))
+        write(images)
+        written, made = written + images.shape[0], made + 1
+        bar.update(1, preview=_preview(images[-1]))
+    return made, written
 
 
 def _preview(frame: torch.Tensor):

@@ -84,10 +84,11 @@ class StreamDecoder(_Stream):
         calls = [(0, 1)] if first else []
         start = 1 if first else 0
         calls += [(s, s + 2) for s in range(start, x.shape[2] - 1, 2)]
-        self.held = x[:, :, calls[-1][1] :].clone() if calls and calls[-1][1] < x.shape[2] else None
-        if not calls:
-            self.held = x.clone()
+        rest = calls[-1][1] if calls else 0
+        # nothing is held while the calls run: a cancel between them leaves caches that no frame continues from
+        self.held = None
         out = [piece for a, b in calls for piece in self._call(x[:, :, a:b])]
+        self.held = x[:, :, rest:].clone() if rest < x.shape[2] else None
         frames = torch.cat(out, 2) if out else None
         if frames is not None and self.skip:
             frames, self.skip = frames[:, :, self.skip :], 0
