@@ -23,6 +23,12 @@ def _state_file(name: str) -> str:
     return safe_paths.resolve_output_file(name, STATE_EXT, what="resume_from")
 
 
+def _checked_resume_from(name) -> bool | str:
+    if not isinstance(name, str) or not name.strip():
+        return True
+    return safe_paths.validated(_state_file, name)
+
+
 def load_state(path: str) -> StreamState:
     from safetensors import safe_open
 
@@ -85,9 +91,15 @@ class OmniDreamsStream(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, resume_from=None):  # the file names to write are checked first thing in execute
-        if not isinstance(resume_from, str) or not resume_from.strip():
-            return True
-        return safe_paths.validated(_state_file, resume_from)
+        return _checked_resume_from(resume_from)
+
+    if not safe_paths.CORE_CHECKS_V3_COMBOS:  # this ComfyUI passes any combo value on: ours checks fusion
+
+        @classmethod
+        def validate_inputs(cls, resume_from=None, fusion=None):
+            return safe_paths.refusals(
+                _checked_resume_from(resume_from), safe_paths.validated_choices(cls, fusion=fusion)
+            )
 
     @classmethod
     def execute(
@@ -131,8 +143,8 @@ class OmniDreamsStream(io.ComfyNode):
                     resume=resume,
                     compiled=compile,
                 )
-        except Exception as exc:
-            if writer.frames_written == 0:
+        except BaseException as exc:  # ComfyUI 0.33's cancel is a BaseException, 0.3.64's an Exception
+            if writer.frames_written == 0 or not (isinstance(exc, Exception) or compat.is_interrupt(exc)):
                 raise
             kept = f"{writer.frames_written} frames kept in {writer.path} (every finished chunk; it plays)"
             if compat.is_interrupt(exc):

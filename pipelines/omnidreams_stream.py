@@ -10,15 +10,14 @@ the whole latent gives; the HD-map frames are taken on the same grid.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
-import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from .. import compat
-from ..backends.log_once import log_once
 from ..models.wan_vae.fused import fused_decode
 from ..models.wan_vae.stream import StreamDecoder, StreamEncoder
 from .omnidreams import (
@@ -70,21 +69,23 @@ class WanChunks:
         out = vae.process_output(out.to(vae.output_device).float()).movedim(1, -1)
         return out.reshape(-1, *out.shape[-3:])
 
-    def encode(self, frames: torch.Tensor) -> torch.Tensor:
-        """IMAGE frames [F, H, W, 3] (the next ones of the video) -> raw latent frames [1, 16, T, h, w]."""
-        if self.encoder.pieces:
-            log_once(
-                ("stream-encode-pieces",),
-                logging.WARNING,
-                "OmniDreams Stream: this ComfyUI's Wan VAE encoder holds frames back from one call to the next, and "
-                "the stream ends each chunk's HD-map encode, so after the first latent frame the HD-map latents are "
-                "not those of one encode of the whole video (ComfyUI before 2026 gives the same latents).",
-            )
-        vae = self.vae
-        pixels = frames.movedim(-1, 1).movedim(1, 0).unsqueeze(0)
-        compat.load_models([vae.patcher], vae.memory_used_encode(pixels.shape, vae.vae_dtype))
+    def encode(self, frames: Iterator[torch.Tensor], n: int) -> torch.Tensor:
+        """The video's next n raw latent frames [1, 16, n, h, w], reading IMAGE rows [H, W, 3] from `frames` (the
+        rest of the video) as far as ComfyUI's encoder needs them; ValueError when the video ends before."""
+        vae, encoder = self.vae, self.encoder
         with torch.no_grad():
-            mu = self.encoder.encode(vae.process_input(pixels).to(vae.vae_dtype).to(vae.device))
+            while encoder.available < n:
+                first = encoder.frames == 0
+                rows = list(itertools.islice(frames, 1 if first else encoder.group))
+                if not rows:
+                    encoder.finish()
+                    if encoder.available < n:
+                        raise EOFError(encoder.frames)
+                    break
+                pixels = torch.stack(rows).movedim(-1, 1).movedim(1, 0).unsqueeze(0)
+                compat.load_models([vae.patcher], vae.memory_used_encode(pixels.shape, vae.vae_dtype))
+                encoder.feed(vae.process_input(pixels).to(vae.vae_dtype).to(vae.device))
+            mu = encoder.take(n)
         return mu.to(vae.output_device).float()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -204,14 +205,14 @@ def _roll(run, wan, prompts, maps, settings, model, chunks, write, bar) -> tuple
         k = run.chunk
         hd = None
         if maps is not None:
-            need = hdmap_pixel_frames(k, settings.len_t)
-            frames = [frame for _, frame in zip(range(need), maps)]
-            if len(frames) < need:
+            try:
+                hd = normalize_latent(wan.encode(maps, settings.len_t))
+            except EOFError as end:
+                need = sum(hdmap_pixel_frames(i, settings.len_t) for i in range(k + 1))
                 raise ValueError(
-                    f"the HD-map video ends at frame {wan.encoder.frames + len(frames)}; chunk {k} needs frames up "
-                    f"to {wan.encoder.frames + need}. Use a longer HD-map video or fewer chunks."
-                )
-            hd = normalize_latent(wan.encode(torch.stack(frames)))
+                    f"the HD-map video ends at frame {end.args[0]}; chunk {k} needs frames up to {need}. Use a longer "
+                    "HD-map video or fewer chunks."
+                ) from None
         compat.load_models([model.patcher])  # back in place if ComfyUI moved it to make room for the VAE
         x0 = run.step(prompts.at(k), hd)
         images = wan.decode(denormalize_latent(x0))

@@ -120,24 +120,67 @@ class StreamDecoder(_Stream):
 
 
 class StreamEncoder(_Stream):
-    """`encode(x)` of consecutive pixel frames -> the posterior means of their latent frames, as `WanVAE.encode` of
-    the whole video gives them: the first call starts with frame 0 (alone in its latent frame), every latent frame
-    after it takes 4 pixel frames, so each call after the first brings a multiple of 4."""
+    """Consecutive pixel frames in (`feed`, `finish` at the end of the video), latent frames out (`take`): the
+    posterior means `WanVAE.encode` of the whole video gives. Frame 0 is encoded alone, then ComfyUI's groups: 4
+    frames (one latent frame) per call for the 2025 encoder; 2 for the 2026 one, whose temporal downsamples hold
+    single frames back, so its latent frames come out in pairs, and its last call of the video is `final` — the
+    last pair fed stays pending until the next frames, or `finish`, say whether it is the last."""
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        first = 1 if self.frames == 0 else 0
-        if (x.shape[2] - first) % 4 or x.shape[2] < 1:
-            raise ValueError(
-                f"{x.shape[2]} frames after {self.frames}: the Wan VAE encodes frame 0 alone, then groups of 4"
-            )
-        size = 2 if self.pieces else 4  # pixel frames a call of ComfyUI's WanVAE.encode takes after frame 0
-        groups = ([x[:, :, :1]] if first else []) + [x[:, :, s : s + size] for s in range(first, x.shape[2], size)]
-        out = []
-        for i, group in enumerate(groups):
-            # the 2026 encoder: the chunk's last call is `final`, so no latent frame stays held back in it
-            final = {"final": True} if self.pieces and i == len(groups) - 1 else {}
-            latent = self.model.encoder(group, feat_cache=self.cache, feat_idx=[0], **final)
-            if latent is not None:
-                out.append(latent)
-        self.frames += x.shape[2]
-        return self.model.conv1(torch.cat(out, 2)).chunk(2, dim=1)[0]
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.group = 2 if self.pieces else 4  # pixel frames a call of ComfyUI's WanVAE.encode takes after frame 0
+        self.pending: torch.Tensor | None = None  # pixel frames fed but not yet encoded
+        self.ready: list[torch.Tensor] = []  # latent frames encoded (before conv1) but not yet taken
+
+    @property
+    def available(self) -> int:
+        return sum(r.shape[2] for r in self.ready)
+
+    def _call(self, x: torch.Tensor, final: bool = False) -> None:
+        kwargs = {"final": True} if final and self.pieces else {}
+        latent = self.model.encoder(x, feat_cache=self.cache, feat_idx=[0], **kwargs)
+        if latent is not None:
+            self.ready.append(latent)
+
+    def feed(self, x: torch.Tensor) -> None:
+        """The video's next pixel frames [B, 3, F, H, W]."""
+        if self.frames == 0:
+            self._call(x[:, :, :1])  # frame 0: its own latent frame (ComfyUI's first call)
+            x = x[:, :, 1:]
+        self.frames += x.shape[2] + (1 if self.frames == 0 else 0)
+        x = torch.cat([self.pending, x], 2) if self.pending is not None else x
+        # whole groups are encoded, but the 2026 encoder keeps its last one back (it may be the video's last)
+        keep = x.shape[2] % self.group + (self.group if self.pieces and x.shape[2] >= self.group else 0)
+        for s in range(0, x.shape[2] - keep, self.group):
+            self._call(x[:, :, s : s + self.group])
+        self.pending = x[:, :, x.shape[2] - keep :].clone() if keep else None
+
+    def finish(self) -> None:
+        """The video ends: its last whole group is the final call (frames past the last whole group are dropped,
+        as ComfyUI's encode drops frames past 1 + 4k)."""
+        pending, self.pending = self.pending, None
+        if pending is not None and pending.shape[2] >= self.group:
+            self._call(pending[:, :, : self.group], final=True)
+
+    def take(self, n: int) -> torch.Tensor:
+        """The next n latent frames' posterior means [B, z, n, h, w] (n <= `available`)."""
+        if n > self.available:
+            raise ValueError(f"{n} latent frames asked for, {self.available} encoded")
+        x = torch.cat(self.ready, 2)
+        self.ready = [x[:, :, n:]] if n < x.shape[2] else []
+        return self.model.conv1(x[:, :, :n]).chunk(2, dim=1)[0]
+
+    def state_dict(self, prefix: str) -> dict[str, torch.Tensor]:
+        state = super().state_dict(prefix)
+        if self.pending is not None:
+            state[f"{prefix}.pending"] = self.pending
+        if self.ready:
+            state[f"{prefix}.ready"] = torch.cat(self.ready, 2)
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], prefix: str, device: torch.device) -> None:
+        extra = {f"{prefix}.pending", f"{prefix}.ready"}
+        super().load_state_dict({k: v for k, v in state.items() if k not in extra}, prefix, device)
+        pending, ready = state.get(f"{prefix}.pending"), state.get(f"{prefix}.ready")
+        self.pending = None if pending is None else pending.to(device)
+        self.ready = [] if ready is None else [ready.to(device)]
