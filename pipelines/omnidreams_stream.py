@@ -76,7 +76,7 @@ class WanChunks:
         with torch.no_grad():
             while encoder.available < n:
                 first = encoder.frames == 0
-                rows = list(itertools.islice(frames, 1 if first else encoder.group))
+                rows = list(itertools.islice(frames, 1 if first else VAE_TEMPORAL))
                 if not rows:
                     encoder.finish()
                     if encoder.available < n:

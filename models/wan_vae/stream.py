@@ -121,15 +121,16 @@ class StreamDecoder(_Stream):
 
 class StreamEncoder(_Stream):
     """Consecutive pixel frames in (`feed`, `finish` at the end of the video), latent frames out (`take`): the
-    posterior means `WanVAE.encode` of the whole video gives. Frame 0 is encoded alone, then ComfyUI's groups: 4
-    frames (one latent frame) per call for the 2025 encoder; 2 for the 2026 one, whose temporal downsamples hold
-    single frames back, so its latent frames come out in pairs, and its last call of the video is `final` — the
-    last pair fed stays pending until the next frames, or `finish`, say whether it is the last."""
+    posterior means `WanVAE.encode` of the whole video gives. Frame 0 is encoded alone, then each group of 4 frames
+    (one latent frame; frames past the last whole group are dropped, as ComfyUI's encode drops frames past 1 + 4k):
+    in one call by the 2025 encoder, in two calls of 2 by the 2026 one, whose temporal downsamples hold single
+    frames back, so its latent frames come out in pairs and its last call of the video is `final` — the second half
+    of the last group fed stays held until the next group, or `finish`, says whether it is the last."""
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        self.group = 2 if self.pieces else 4  # pixel frames a call of ComfyUI's WanVAE.encode takes after frame 0
-        self.pending: torch.Tensor | None = None  # pixel frames fed but not yet encoded
+        self.held: torch.Tensor | None = None  # the 2026 encoder: the last group's second pair, not yet encoded
+        self.partial: torch.Tensor | None = None  # frames of a group not yet complete
         self.ready: list[torch.Tensor] = []  # latent frames encoded (before conv1) but not yet taken
 
     @property
@@ -144,23 +145,28 @@ class StreamEncoder(_Stream):
 
     def feed(self, x: torch.Tensor) -> None:
         """The video's next pixel frames [B, 3, F, H, W]."""
-        if self.frames == 0:
+        first = self.frames == 0
+        self.frames += x.shape[2]
+        if first:
             self._call(x[:, :, :1])  # frame 0: its own latent frame (ComfyUI's first call)
             x = x[:, :, 1:]
-        self.frames += x.shape[2] + (1 if self.frames == 0 else 0)
-        x = torch.cat([self.pending, x], 2) if self.pending is not None else x
-        # whole groups are encoded, but the 2026 encoder keeps its last one back (it may be the video's last)
-        keep = x.shape[2] % self.group + (self.group if self.pieces and x.shape[2] >= self.group else 0)
-        for s in range(0, x.shape[2] - keep, self.group):
-            self._call(x[:, :, s : s + self.group])
-        self.pending = x[:, :, x.shape[2] - keep :].clone() if keep else None
+        x = torch.cat([self.partial, x], 2) if self.partial is not None else x
+        while x.shape[2] >= 4:
+            group, x = x[:, :, :4], x[:, :, 4:]
+            if not self.pieces:
+                self._call(group)
+                continue
+            if self.held is not None:  # the video goes on: the held pair was not its last call
+                self._call(self.held)
+            self._call(group[:, :, :2])
+            self.held = group[:, :, 2:].clone()
+        self.partial = x.clone() if x.shape[2] else None
 
     def finish(self) -> None:
-        """The video ends: its last whole group is the final call (frames past the last whole group are dropped,
-        as ComfyUI's encode drops frames past 1 + 4k)."""
-        pending, self.pending = self.pending, None
-        if pending is not None and pending.shape[2] >= self.group:
-            self._call(pending[:, :, : self.group], final=True)
+        """The video ends: the held pair is the final call."""
+        held, self.held, self.partial = self.held, None, None
+        if held is not None:
+            self._call(held, final=True)
 
     def take(self, n: int) -> torch.Tensor:
         """The next n latent frames' posterior means [B, z, n, h, w] (n <= `available`)."""
@@ -170,17 +176,20 @@ class StreamEncoder(_Stream):
         self.ready = [x[:, :, n:]] if n < x.shape[2] else []
         return self.model.conv1(x[:, :, :n]).chunk(2, dim=1)[0]
 
+    _EXTRA = ("held", "partial", "ready")
+
     def state_dict(self, prefix: str) -> dict[str, torch.Tensor]:
         state = super().state_dict(prefix)
-        if self.pending is not None:
-            state[f"{prefix}.pending"] = self.pending
-        if self.ready:
-            state[f"{prefix}.ready"] = torch.cat(self.ready, 2)
+        ready = torch.cat(self.ready, 2) if self.ready else None
+        for name, value in zip(self._EXTRA, (self.held, self.partial, ready)):
+            if value is not None:
+                state[f"{prefix}.{name}"] = value
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor], prefix: str, device: torch.device) -> None:
-        extra = {f"{prefix}.pending", f"{prefix}.ready"}
+        extra = {f"{prefix}.{name}" for name in self._EXTRA}
         super().load_state_dict({k: v for k, v in state.items() if k not in extra}, prefix, device)
-        pending, ready = state.get(f"{prefix}.pending"), state.get(f"{prefix}.ready")
-        self.pending = None if pending is None else pending.to(device)
+        held, partial, ready = (state.get(f"{prefix}.{name}") for name in self._EXTRA)
+        self.held = None if held is None else held.to(device)
+        self.partial = None if partial is None else partial.to(device)
         self.ready = [] if ready is None else [ready.to(device)]
