@@ -7,18 +7,12 @@ writes an mp4 with 124 frames at 24 fps and a stereo audio track.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import numpy as np
 import pytest
-from PIL import Image
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
-
-from support.h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, write_folder  # noqa: E402
-from support.h3_tiny_qwen import LAYER, tiny_qwen3vl, write_text_encoder_folder  # noqa: E402
+# the small-size recipe and the tiny files are the pack's, shared with `python -m omnivideo.selftest`
+from omnivideo.selftest.tiny.h3 import FRAMES, HEIGHT, WIDTH
+from omnivideo.selftest.workflows import H3_SMALL as SMALL  # applied by conftest.api_graph
+from omnivideo.selftest.workflows import write_h3_files
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +24,6 @@ H3_NODES = (
     "OmniVideoH3Decode",
     "OmniVideoH3Sampler",
 )
-H3_FOLDER, TE_FOLDER, IMAGE = "MiniMax-H3-tiny", "qwen3vl-tiny", "h3_first_frame.png"
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +34,8 @@ def h3_files(comfy_server):
             "the integration harness registers no `diffusers` model folder: tests/integration/conftest.py "
             "needs `diffusers: models/diffusers` in its extra_model_paths.yaml for the H3 loader"
         )
-    root = comfy_server.root / "models"
-    write_folder(root / "diffusers" / H3_FOLDER, *make_models(seed=5))
-    write_text_encoder_folder(root / "text_encoders" / TE_FOLDER, *tiny_qwen3vl())
-    rng = np.random.default_rng(3)
-    Image.fromarray(rng.integers(0, 255, (80, 120, 3), dtype=np.uint8)).save(comfy_server.input_dir / IMAGE)
-    return root
-
-
-# the shipped workflows, made small enough for the tiny models on CPU (conftest.api_graph applies them)
-SMALL = {
-    "OmniVideoH3Loader": {"folder": H3_FOLDER, "dtype": "fp32"},
-    "OmniVideoH3TextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32", "layer": LAYER},
-    "OmniVideoH3Sampler": {"frames": FRAMES, "steps": 3, "width": WIDTH, "height": HEIGHT},
-    "OmniVideoH3Keyframes": {"width": WIDTH, "height": HEIGHT},
-    "LoadImage": {"image": IMAGE},
-}
+    write_h3_files(comfy_server.root, comfy_server.python)
+    return comfy_server.root / "models"
 
 
 def test_h3_nodes_are_registered(object_info):

@@ -10,21 +10,26 @@ SaveVideo writes an mp4 with 1 + (2N - 1) * 4 frames at 30 fps.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+
+# the small-size recipe and the tiny files are the pack's, shared with `python -m omnivideo.selftest`
+from omnivideo.selftest.workflows import OD_CKPT as CKPT
+from omnivideo.selftest.workflows import OD_FRAMES as FRAMES
+from omnivideo.selftest.workflows import OD_HDMAP as HDMAP
+from omnivideo.selftest.workflows import OD_HEIGHT as HEIGHT
+from omnivideo.selftest.workflows import OD_IMAGE as IMAGE
+from omnivideo.selftest.workflows import OD_TE_FOLDER as TE_FOLDER
+from omnivideo.selftest.workflows import OD_WIDTH as WIDTH
+from omnivideo.selftest.workflows import OMNIDREAMS_SMALL as SMALL  # applied by conftest.api_graph
+from omnivideo.selftest.workflows import write_omnidreams_files
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
-
-from support.omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict, write_tiny_cosmos_reason1  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -38,51 +43,12 @@ OD_NODES = (
     "OmniDreamsSampler",
     "OmniVideoSampler",
 )
-CKPT, TE_FOLDER = "omnidreams_tiny.pt", "cosmos_reason1_tiny"
-IMAGE, HDMAP = "omnidreams_first_frame.png", "omnidreams_hdmap.mp4"
-WIDTH, HEIGHT, FRAMES = 64, 48, 13  # 13 = 1 + (2*2 - 1) * 4: two chunks
-
-
-def _write_video(python: str, path: Path, frames: int):
-    code = (
-        "import av, numpy as np, sys; c = av.open(sys.argv[1], 'w'); s = c.add_stream('libx264', rate=30); "
-        f"s.width, s.height, s.pix_fmt = {WIDTH}, {HEIGHT}, 'yuv420p'; rng = np.random.default_rng(0)\n"
-        f"for i in range({frames}):\n"
-        f"    img = rng.integers(0, 255, ({HEIGHT}, {WIDTH}, 3), dtype=np.uint8)\n"
-        "    [c.mux(p) for p in s.encode(av.VideoFrame.from_ndarray(img, format='rgb24'))]\n"
-        "[c.mux(p) for p in s.encode()]; c.close()"
-    )
-    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
 
 
 @pytest.fixture(scope="module")
 def omnidreams_files(comfy_server):
-    import torch
-
-    root = comfy_server.root / "models"
-    cfg = dataclasses.replace(TINY, text_in_dim=TEXT_LAYERS * TEXT_HIDDEN)  # full_concat of the tiny encoder
-    torch.save(stored_state_dict(cfg, seed=3), root / "diffusion_models" / CKPT)
-    write_tiny_cosmos_reason1(root / "text_encoders" / TE_FOLDER)
-    rng = np.random.default_rng(3)
-    Image.fromarray(rng.integers(0, 255, (80, 120, 3), dtype=np.uint8)).save(comfy_server.input_dir / IMAGE)
-    _write_video(comfy_server.python, comfy_server.input_dir / HDMAP, FRAMES + 2)
-    return root
-
-
-# the shipped workflows, made small enough for the tiny models on CPU (conftest.api_graph applies them)
-SMALL = {
-    "OmniDreamsModelLoader": {"ckpt_name": CKPT, "dtype": "fp32"},
-    "OmniDreamsTextEncoderLoader": {"folder": TE_FOLDER, "dtype": "fp32"},
-    "OmniDreamsTextEncode": {"prompt": "a car drives down the street"},
-    "OmniDreamsEncodeFirstFrame": {"width": WIDTH, "height": HEIGHT},
-    "OmniDreamsEncodeHDMap": {"width": WIDTH, "height": HEIGHT},
-    "OmniDreamsSampler": {"frames": FRAMES},
-    "OmniVideoSampler": {"frames": FRAMES},
-    "OmniDreamsStream": {"chunks": 2, "width": WIDTH, "height": HEIGHT},  # 2 chunks = FRAMES frames
-    "LoadImage": {"image": IMAGE},
-    "LoadVideo": {"file": HDMAP},
-}
+    write_omnidreams_files(comfy_server.root, comfy_server.python)
+    return comfy_server.root / "models"
 
 
 def test_omnidreams_nodes_are_registered(object_info):

@@ -1,95 +1,25 @@
-"""Tiny random-weight MiniMax-H3 parts (the CPU configs of shared/specs/h3.md) for the H3 tests.
-
-The spec's audio VAE lists latent_channels=8, which cannot feed the spec's transformer
-(audio_in_channels=32); both sides use 32 here. Latent mean/std are non-trivial so the
-(de)normalisation is exercised.
-"""
+"""Tiny random-weight MiniMax-H3 parts for the H3 tests: the configs and builders are the pack's
+(omnivideo/selftest/tiny/h3.py, re-exported here); the test-only helpers (original single-file keys, keyframe
+images, synthetic prompt embeddings, diffusers' reference pipeline) live here."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
-from diffusers import (
-    AutoencoderKLMiniMaxH3,
-    AutoencoderKLMiniMaxH3Audio,
-    MiniMaxH3Scheduler,
-    MiniMaxH3Transformer3DModel,
-)
+from diffusers import MiniMaxH3Scheduler
 from PIL import Image
-from safetensors.torch import save_file
 
-TRANSFORMER = dict(
-    num_attention_heads=2,
-    attention_head_dim=32,
-    hidden_size=48,
-    num_layers=2,
-    num_refiner_layers=1,
-    ffn_dim=64,
-    in_channels=24,
-    audio_in_channels=32,
-    patch_size=(1, 2, 2),
-    text_dim=40,
-    freq_dim=32,
-    time_embed_hidden_dim=32,
-    time_embed_dim=16,
-    rope_freq_dim=4,
+from omnivideo.selftest.tiny.h3 import (  # noqa: F401
+    AUDIO_VAE,
+    FRAMES,
+    HEIGHT,
+    TEXT_DIM,
+    TRANSFORMER,
+    VAE,
+    WIDTH,
+    make_models,
+    write_folder,
 )
-VAE = dict(
-    block_out_channels=(32,) * 6,
-    layers_per_block=1,
-    decoder_num_layers=1,
-    decoder_num_attention_heads=2,
-    decoder_attention_head_dim=16,
-    decoder_num_register_tokens=4,
-    latents_mean=tuple(float(x) for x in np.linspace(-0.2, 0.2, 24)),
-    latents_std=tuple(float(x) for x in np.linspace(0.5, 1.5, 24)),
-)
-AUDIO_VAE = dict(
-    encoder_dim=4,
-    encoder_rates=(8, 10, 10),
-    latent_dim=32,
-    latent_channels=32,
-    num_attention_heads=2,
-    decoder_dim=32,
-    decoder_rates=(8, 10, 10),
-    decoder_kernel_sizes=(16, 20, 20),
-    resblock_kernel_sizes=(3,),
-    resblock_dilation_sizes=((1,),),
-    latents_mean=[float(x) for x in np.linspace(-0.1, 0.1, 32)],
-    latents_std=[float(x) for x in np.linspace(0.8, 1.2, 32)],
-)
-TEXT_DIM = 40
-FRAMES, WIDTH, HEIGHT = 124, 96, 64  # 124 = 17*7+5 frames (5.2 s), the shortest H3 allows
-
-
-def make_models(seed: int = 0, **transformer_overrides):
-    torch.manual_seed(seed)
-    transformer = MiniMaxH3Transformer3DModel(**{**TRANSFORMER, **transformer_overrides}).eval()
-    vae = AutoencoderKLMiniMaxH3(**VAE).eval()
-    audio_vae = AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE).eval()
-    # random init leaves some output heads at exactly zero: perturb everything so parity is not trivial
-    with torch.no_grad():
-        for p in transformer.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return transformer, vae, audio_vae
-
-
-def write_folder(root: Path, transformer, vae, audio_vae, *, transformer_weights: bool = True) -> Path:
-    """A diffusers-format H3 folder as the HF repo lays it out (the parts we load)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for sub, model in (("transformer", transformer), ("vae", vae), ("audio_vae", audio_vae)):
-        (root / sub).mkdir(exist_ok=True)
-        model.save_config(str(root / sub))  # config.json with _class_name, as save_pretrained writes it
-        if sub != "transformer" or transformer_weights:
-            save_file(
-                {k: v.contiguous() for k, v in model.state_dict().items()},
-                str(root / sub / "diffusion_pytorch_model.safetensors"),
-            )
-    for sub, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
-        MiniMaxH3Scheduler(shift=shift).save_config(str(root / sub))
-    return root
 
 
 def to_original_keys(sd: dict) -> dict:
