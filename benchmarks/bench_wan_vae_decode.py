@@ -1,6 +1,7 @@
 """OmniVideo Wan VAE Decode vs core VAE Decode, each run in a fresh ComfyUI server, side by side.
 
-    COMFYUI_PATH=... COMFYUI_PYTHON=... python benchmarks/bench_wan_vae_decode.py [--runs 3] [--sizes 256x160x17,...]
+    COMFYUI_PATH=... COMFYUI_PYTHON=... [BASELINE_COMFYUI_PATH=... BASELINE_COMFYUI_PYTHON=...] \
+        python benchmarks/bench_wan_vae_decode.py [--runs 3] [--sizes 256x160x17,...]
 
 For every size (pixel WxHxframes) and run, a fresh `main.py --cpu` server (this repository linked into its
 custom_nodes, a random full-size Wan 2.1 VAE in models/vae, the latent in a .latent file) gets one prompt over
@@ -11,7 +12,9 @@ custom_nodes, a random full-size Wan 2.1 VAE in models/vae, the latent in a .lat
 * time: the prompt's execution time (ComfyUI's execution_start -> execution_success timestamps);
 * the IMAGEs of both must be bit-identical (each run's output is compared to the first core run's).
 
-Variants alternate (core, ours, core, ...) so machine noise hits both alike; medians are reported.
+Variants alternate (core, ours, core, ...) so machine noise hits both alike; medians are reported. With
+BASELINE_COMFYUI_PATH / _PYTHON (another ComfyUI, e.g. v0.3.64 beside a v0.33 COMFYUI_PATH) a third variant,
+`baseline`, runs that ComfyUI's core VAE Decode the same way: how far core itself moved between the two.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def setup(base: Path, comfy_python: str, sizes) -> dict[str, str]:
     return latents
 
 
-def run_once(base: Path, comfy_path: str, comfy_python: str, variant: str, latent: str, tag: str) -> dict:
+def run_once(base: Path, comfy_path: str, comfy_python: str, variant: str, latent: str, tag: str, gpu=False) -> dict:
     """A fresh server, one prompt; returns time, peak and idle RSS, and where the IMAGE was saved."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMNIVIDEO_DEVICE")}
@@ -123,7 +126,7 @@ def run_once(base: Path, comfy_path: str, comfy_python: str, variant: str, laten
         [
             comfy_python,
             "main.py",
-            "--cpu",
+            *([] if gpu else ["--cpu"]),
             "--base-directory",
             str(base),
             "--listen",
@@ -210,27 +213,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default="256x160x17,480x272x33", help="pixel WxHxframes, comma separated")
+    parser.add_argument("--gpu", action="store_true", help="ComfyUI on its GPU (no --cpu); peak is still host RSS")
     args = parser.parse_args()
     comfy_path, comfy_python = os.environ.get("COMFYUI_PATH"), os.environ.get("COMFYUI_PYTHON")
     if not comfy_path or not comfy_python:
         sys.exit("set COMFYUI_PATH (a ComfyUI checkout) and COMFYUI_PYTHON (its interpreter, with this pack installed)")
+    baseline = os.environ.get("BASELINE_COMFYUI_PATH"), os.environ.get("BASELINE_COMFYUI_PYTHON")
+    servers = {"core": (comfy_path, comfy_python), "ours": (comfy_path, comfy_python)}
+    if all(baseline):
+        servers["baseline"] = baseline
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     base = Path(tempfile.mkdtemp(prefix="omnivideo_bench_wan_"))
     try:
         latents = setup(base, comfy_python, sizes)
-        print(f"# Wan 2.1 VAE (random, full size), fp32, CPU, {os.cpu_count()} cores; median of {args.runs} runs")
+        where = "GPU" if args.gpu else f"CPU, {os.cpu_count()} cores"
+        print(f"# Wan 2.1 VAE (random, full size), ComfyUI's VAE dtype, {where}; median of {args.runs} runs")
         print("# each run: a fresh ComfyUI server, one /prompt; peak = VmHWM - idle RSS of the server, MiB")
         header = f"{'size':<12}{'variant':<8}{'time s':>9}{'peak MiB':>10}{'idle MiB':>10}  runs (s / MiB)"
         rows = []
         for size, latent in latents.items():
-            results: dict[str, list[dict]] = {"core": [], "ours": []}
+            results: dict[str, list[dict]] = {variant: [] for variant in servers}
             for i in range(args.runs):
-                for variant in results:
-                    r = run_once(base, comfy_path, comfy_python, variant, latent, f"{variant}_{size}_{i}")
+                for variant, (path, python) in servers.items():
+                    decode = "ours" if variant == "ours" else "core"
+                    r = run_once(base, path, python, decode, latent, f"{variant}_{size}_{i}", args.gpu)
                     results[variant].append(r)
                     print(f"  {size} {variant} run {i}: {r['time_s']:.1f} s, peak {r['peak_mib']:.0f} MiB", flush=True)
             first = results["core"][0]["image"]
-            exact = all(same_image(comfy_python, first, r["image"]) for rs in results.values() for r in rs)
+            exact = all(same_image(comfy_python, first, r["image"]) for v in ("core", "ours") for r in results[v])
             med = {
                 v: {k: statistics.median(r[k] for r in rs) for k in ("time_s", "peak_mib", "idle_mib")}
                 for v, rs in results.items()
@@ -246,6 +256,12 @@ def main() -> None:
                 f"{med['ours']['peak_mib'] / med['core']['peak_mib']:10.3f}{'':>10}  ours / core; "
                 f"bit-identical IMAGEs: {exact}"
             )
+            if "baseline" in med:
+                rows.append(
+                    f"{size:<12}{'ratio':<8}{med['core']['time_s'] / med['baseline']['time_s']:9.3f}"
+                    f"{med['core']['peak_mib'] / med['baseline']['peak_mib']:10.3f}{'':>10}  core / baseline core "
+                    f"({Path(comfy_path).name} / {Path(baseline[0]).name})"
+                )
         print(header)
         print("\n".join(rows))
     finally:

@@ -11,8 +11,6 @@ unset TRITON_INTERPRET
 
 python -m pytest -q -p no:cacheprovider tests/test_wan_vae_kernels.py tests/test_wan_vae_decode.py \
     tests/test_attention_rainfusion.py tests/test_attention_varlen.py 2>&1 | tee "$out/gpu_tests.txt"
-python benchmarks/bench_wan_vae_decode.py --frames 81 --height 480 --width 832 --dtype bf16 --runs 3 \
-    2>&1 | tee "$out/wan_vae_decode_gpu.txt"
 python benchmarks/bench_attention.py --dtype bf16 2>&1 | tee "$out/attention_gpu.txt"
 
 # Memory owned by ComfyUI (needs a ComfyUI checkout): partial loading and fp8 on the GPU, H3 and OmniDreams at the
@@ -21,6 +19,10 @@ for c in "${COMFYUI_PATH:-}" ../shared/comfyui shared/comfyui; do
     if [ -f "$c/main.py" ]; then export COMFYUI_PATH=$(cd "$c" && pwd); break; fi
 done
 if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
+    # core VAE Decode vs ours in fresh GPU servers of this ComfyUI (and of ../shared/comfyui-0.33 as the baseline's
+    # successor when both are here: COMFYUI_PYTHON / BASELINE_COMFYUI_PYTHON name their interpreters)
+    COMFYUI_PYTHON=${COMFYUI_PYTHON:-python} python benchmarks/bench_wan_vae_decode.py --gpu --sizes 832x480x81 \
+        --runs 3 2>&1 | tee "$out/wan_vae_decode_gpu.txt"
     python benchmarks/bench_model_memory.py --config mid 2>&1 | tee "$out/model_memory_gpu.txt"
     python -m pytest -q -p no:cacheprovider tests/test_model_management.py 2>&1 | tee "$out/model_management_gpu.txt"
 else
