@@ -23,6 +23,8 @@ if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
     # successor when both are here: COMFYUI_PYTHON / BASELINE_COMFYUI_PYTHON name their interpreters)
     COMFYUI_PYTHON=${COMFYUI_PYTHON:-python} python benchmarks/bench_wan_vae_decode.py --gpu --sizes 832x480x81 \
         --runs 3 2>&1 | tee "$out/wan_vae_decode_gpu.txt"
+    # the install check on the device: every workflow, the decode at every level and every kernel on CUDA
+    ${COMFYUI_PYTHON:-python} -m omnivideo.selftest --comfyui "$COMFYUI_PATH" 2>&1 | tee "$out/selftest_gpu.txt"
     python benchmarks/bench_model_memory.py --config mid 2>&1 | tee "$out/model_memory_gpu.txt"
     python -m pytest -q -p no:cacheprovider tests/test_model_management.py 2>&1 | tee "$out/model_management_gpu.txt"
 else
