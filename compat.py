@@ -6,6 +6,7 @@ core of the pack imports and runs under pytest or in a script.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -153,6 +154,31 @@ def check_interrupt() -> None:
     elif _interrupt_requested:
         _interrupt_requested = False
         raise ProcessingInterrupted("processing interrupted")
+
+
+@contextlib.contextmanager
+def cancel_at_shared_points():
+    """Inside: a cancel that ComfyUI's cast layers see (0.33 checks the flag in every layer forward,
+    comfy.ops.run_every_op) stays pending instead of raising, until the next `check_interrupt`. A parallel job (rank 0)
+    runs inside this, so a cancel stops every rank together at its shared interrupt point rather than rank 0 alone
+    between two collectives (the workers would wait in the next one). Nothing changes outside ComfyUI or on 0.3.64."""
+    check = getattr(_ops, "run_every_op", None)
+    if check is None or getattr(check, "omnivideo_deferring", False):
+        yield
+        return
+
+    def run_every_op():
+        try:
+            check()
+        except _mm.InterruptProcessingException:
+            _mm.interrupt_current_processing(True)  # the check consumed the flag: set it again for the shared point
+
+    run_every_op.omnivideo_deferring = True  # type: ignore[attr-defined]
+    _ops.run_every_op = run_every_op
+    try:
+        yield
+    finally:
+        _ops.run_every_op = check
 
 
 class ProgressBar:

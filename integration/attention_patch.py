@@ -8,9 +8,14 @@ in transformer_options before the forward; the override then reads it. Nothing h
 ComfyUI: the node installs these two callables on a cloned MODEL through compat.
 
 Passed to the original function untouched: cross-attention (k rows != q rows), masked
-calls, sequences that are not exactly the recorded video grid, and every call the plan
-keeps dense (warm-up steps, skip_layers, short videos) - so a dense call is bit-identical
-to the unpatched model.
+calls, grouped-query calls (k / v with fewer heads), sequences that are not exactly the recorded
+video grid, and every call the plan keeps dense (warm-up steps, skip_layers, short videos) - so a
+dense call is bit-identical to the unpatched model.
+
+ComfyUI 0.33 also passes `scale=` (honoured), `enable_gqa=` / `low_precision_attention=` and its
+own bookkeeping keywords (forwarded to the original untouched), and may call attention with
+q / k / v in AttentionTensorContainer boxes (MiniMax): the override has no `container_function`,
+so ComfyUI unboxes them before calling it and it always sees tensors.
 """
 
 from __future__ import annotations
@@ -82,8 +87,14 @@ class NativeAttentionPatch:
         q, k, v = call.get("q"), call.get("k"), call.get("v")
         opts = kwargs.get("transformer_options") or {}
         heads = call.get("heads")
-        if call.get("mask") is not None or heads is None or q is None or k is None or k.shape != q.shape:
-            return original(*args, **kwargs)  # masked or cross-attention: not ours
+        if (
+            call.get("mask") is not None
+            or heads is None
+            or not all(isinstance(t, torch.Tensor) for t in (q, k, v))
+            or k.shape != q.shape
+            or v.shape != q.shape
+        ):
+            return original(*args, **kwargs)  # masked, cross- or grouped-query attention: not ours
         skip_reshape = bool(call.get("skip_reshape", False))
         if skip_reshape:  # [B, H, S, D]
             b, h, s, d = q.shape
@@ -107,7 +118,9 @@ class NativeAttentionPatch:
             self.stats.dense_calls[why[0]] += 1
             return original(*args, **kwargs)
 
-        out = attention(q4, k4, v4, self.config, scale=d**-0.5, layout=layout, step=step, layer=layer, stats=self.stats)
+        scale = kwargs.get("scale")
+        scale = d**-0.5 if scale is None else float(scale)
+        out = attention(q4, k4, v4, self.config, scale=scale, layout=layout, step=step, layer=layer, stats=self.stats)
         if call.get("skip_output_reshape", False):
             return out.transpose(1, 2)
         return out.reshape(b, s, h * d)

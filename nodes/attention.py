@@ -7,12 +7,23 @@ import logging
 from .. import compat
 from ..attention.config import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers
 from ..compat import io
+from ..integration import safe_paths
 from ..integration.attention_patch import NativeAttentionPatch
 from .types import AttentionType
 
 log = logging.getLogger("omnivideo")
 
 WRAPPER_KEY = "omnivideo_attention"
+
+
+def _checked_skip_layers(skip_layers) -> bool | str:
+    if skip_layers is None:  # linked: checked when the node runs
+        return True
+    try:
+        parse_skip_layers(skip_layers)
+    except ValueError as err:
+        return str(err)
+    return True
 
 
 class OmniVideoAttention(io.ComfyNode):
@@ -61,16 +72,19 @@ class OmniVideoAttention(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, skip_layers=None):
+    def _validate_inputs(cls, skip_layers=None):
         # Only skip_layers (free text) is checked here, in bounded time; ComfyUI's own checks stay on for the
-        # other inputs, and execute checks the rest (backend choice, block size rules) before anything runs.
-        if skip_layers is None:  # linked: checked when the node runs
-            return True
-        try:
-            parse_skip_layers(skip_layers)
-        except ValueError as err:
-            return str(err)
-        return True
+        # other inputs (backend against its list too), and execute checks the rest (block size rules).
+        return _checked_skip_layers(skip_layers)
+
+    # where ComfyUI passes any combo value on (0.3.64), ours checks backend too
+    @classmethod
+    def _validate_inputs_and_combos(cls, skip_layers=None, backend=None):
+        return safe_paths.refusals(
+            _checked_skip_layers(skip_layers), safe_paths.validated_choices(cls, backend=backend)
+        )
+
+    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, backend, sparsity, start_step, skip_layers, block_size) -> io.NodeOutput:

@@ -92,8 +92,18 @@ class OmniVideoH3Loader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, folder=None):  # transformer_file is checked first thing when the node runs
+    def _validate_inputs(cls, folder=None):  # ComfyUI checks transformer_file and dtype against their lists
         return safe_paths.validated(_h3_folder, folder)
+
+    # where ComfyUI passes any combo value on (0.3.64), ours checks them too
+    @classmethod
+    def _validate_inputs_and_combos(cls, folder=None, transformer_file=None, dtype=None):
+        return safe_paths.refusals(
+            safe_paths.validated(_h3_folder, folder),
+            safe_paths.validated_choices(cls, transformer_file=transformer_file, dtype=dtype),
+        )
+
+    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
@@ -126,8 +136,17 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, folder=None):
+    def _validate_inputs(cls, folder=None):  # ComfyUI checks dtype against its list
         return safe_paths.validated(_encoder_folder, folder)
+
+    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
+    @classmethod
+    def _validate_inputs_and_combos(cls, folder=None, dtype=None):
+        return safe_paths.refusals(
+            safe_paths.validated(_encoder_folder, folder), safe_paths.validated_choices(cls, dtype=dtype)
+        )
+
+    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:

@@ -90,8 +90,17 @@ class OmniDreamsModelLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, ckpt_name=None):  # only adds a check: ComfyUI 0.3.x does not check V3 combo values
+    def _validate_inputs(cls, ckpt_name=None):  # ComfyUI checks dtype against its list
         return safe_paths.validated(_checkpoint, ckpt_name)
+
+    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
+    @classmethod
+    def _validate_inputs_and_combos(cls, ckpt_name=None, dtype=None):
+        return safe_paths.refusals(
+            safe_paths.validated(_checkpoint, ckpt_name), safe_paths.validated_choices(cls, dtype=dtype)
+        )
+
+    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, ckpt_name, dtype="auto", window_frames=6, sink_frames=0, attention=None) -> io.NodeOutput:
@@ -133,8 +142,17 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, folder=None):
+    def _validate_inputs(cls, folder=None):  # ComfyUI checks dtype against its list
         return safe_paths.validated(_encoder_folder, folder)
+
+    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
+    @classmethod
+    def _validate_inputs_and_combos(cls, folder=None, dtype=None):
+        return safe_paths.refusals(
+            safe_paths.validated(_encoder_folder, folder), safe_paths.validated_choices(cls, dtype=dtype)
+        )
+
+    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, folder, dtype="auto") -> io.NodeOutput:

@@ -90,16 +90,15 @@ class OmniDreamsStream(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, resume_from=None):  # the file names to write are checked first thing in execute
+    def _validate_inputs(cls, resume_from=None):  # the file names to write are checked first thing in execute
         return _checked_resume_from(resume_from)
 
-    if not safe_paths.CORE_CHECKS_V3_COMBOS:  # this ComfyUI passes any combo value on: ours checks fusion
+    # where ComfyUI passes any combo value on (0.3.64), ours checks fusion too
+    @classmethod
+    def _validate_inputs_and_combos(cls, resume_from=None, fusion=None):
+        return safe_paths.refusals(_checked_resume_from(resume_from), safe_paths.validated_choices(cls, fusion=fusion))
 
-        @classmethod
-        def validate_inputs(cls, resume_from=None, fusion=None):
-            return safe_paths.refusals(
-                _checked_resume_from(resume_from), safe_paths.validated_choices(cls, fusion=fusion)
-            )
+    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(

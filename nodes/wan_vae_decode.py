@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import compat
 from ..compat import io
+from ..integration import safe_paths
 from ..pipelines.wan_decode import FUSION_CHOICES, decode
 
 
@@ -32,6 +33,12 @@ class OmniVideoWanVAEDecode(io.ComfyNode):
             ],
             outputs=[io.Image.Output(display_name="images")],
         )
+
+    if not safe_paths.CORE_CHECKS_V3_COMBOS:  # this ComfyUI passes any combo value on: ours checks fusion
+
+        @classmethod
+        def validate_inputs(cls, fusion=None):
+            return safe_paths.validated_choices(cls, fusion=fusion)
 
     @classmethod
     def execute(cls, vae, samples, fusion="auto") -> io.NodeOutput:

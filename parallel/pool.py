@@ -165,7 +165,8 @@ class WorkerPool:
         if not self.alive():
             raise WorkerError("the parallel workers are not running; queue the workflow again to restart them")
         try:
-            yield self.world
+            with compat.cancel_at_shared_points():  # a cancel stops every rank at one point (World.interrupt_point)
+                yield self.world
         except BaseException as exc:
             if compat.is_interrupt(exc):
                 raise  # a cancel: the job's driver has brought every rank back to waiting for the next run

@@ -2,7 +2,9 @@
 ComfyUI Wan 2.1 model with and without OmniVideo Patch Model Attention and print the differences as JSON.
 
 ComfyUI infers the Wan dims from the checkpoint shapes (load_diffusion_model_state_dict), exactly as
-for a real file. Not a test module itself (no test_ prefix).
+for a real file. Where this ComfyUI boxes q / k / v in AttentionTensorContainer (0.33: MiniMax), a boxed call
+of the patched model's attention must reach our override and equal the unboxed one (checked here: the probe
+fails without its result line otherwise). Not a test module itself (no test_ prefix).
 """
 
 import json
@@ -51,6 +53,26 @@ def sample(model, latent, positive, negative, steps=2):
     return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", positive, negative, latent, seed=1)
 
 
+def boxed_calls(patched) -> dict | None:
+    """core's optimized_attention with the patched MODEL's transformer_options, once with tensors and once with
+    q / k / v in AttentionTensorContainer boxes (None where this ComfyUI has no such boxes)."""
+    import comfy.ldm.modules.attention as attention
+
+    if not hasattr(attention, "AttentionTensorContainer"):
+        return None
+    opts = patched.model_options["transformer_options"]
+    stats = opts["optimized_attention_override"].__self__.stats
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))  # [B, H, S, D]
+    before = stats.dense_calls["no layout"]  # no DIFFUSION_MODEL wrapper ran: the override passes the call on
+    plain = attention.optimized_attention(q, k, v, 2, skip_reshape=True, transformer_options=dict(opts))
+    boxes = [attention.AttentionTensorContainer(t.clone()) for t in (q, k, v)]
+    boxed = attention.optimized_attention(*boxes, 2, skip_reshape=True, transformer_options=dict(opts))
+    result = {"equal": bool(torch.equal(plain, boxed)), "reached": stats.dense_calls["no layout"] - before}
+    assert result == {"equal": True, "reached": 2}, result
+    return result
+
+
 def main():
     base = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict())
     g = torch.Generator().manual_seed(2)
@@ -75,6 +97,7 @@ def main():
             "impls": dict(stats.impls),
             "realized": stats.realized_sparsity,
         }
+    out["boxed"] = boxed_calls(OmniVideoPatchModelAttention.execute(base, runs["0.8"]).args[0])
     # the base model is untouched by patching (clone)
     out["base_untouched"] = "optimized_attention_override" not in base.model_options.get("transformer_options", {})
     print("PROBE_RESULT " + json.dumps(out))

@@ -14,6 +14,12 @@ os.environ.setdefault("OMNIVIDEO_DEVICE", "")  # detection, unless a test overri
 # which inherit it): a desynchronised world fails the test instead of hanging the suite.
 os.environ.setdefault("OMNIVIDEO_DIST_TIMEOUT", "120")
 torch.backends.cudnn.benchmark = False  # bit-equality on GPU needs deterministic algorithm choice
+# ComfyUI runs in its own working directory: relative COMFYUI_PATH / COMFYUI_PYTHON (as README's commands give them)
+# are made absolute here (not resolved: a venv's python is a link that must stay one).
+if os.environ.get("COMFYUI_PATH"):
+    os.environ["COMFYUI_PATH"] = os.path.abspath(os.path.expanduser(os.environ["COMFYUI_PATH"]))
+if os.sep in os.environ.get("COMFYUI_PYTHON", ""):  # a path, not a command name looked up on PATH
+    os.environ["COMFYUI_PYTHON"] = os.path.abspath(os.path.expanduser(os.environ["COMFYUI_PYTHON"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,6 +82,15 @@ def comfyui_path() -> Path:
     if not (path / "main.py").is_file() or not (path / "comfy").is_dir():
         pytest.skip(f"COMFYUI_PATH={raw} is not a ComfyUI checkout (no main.py / comfy/ there)")
     return path
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Every test that needs a real ComfyUI (its fixture closure holds `comfyui_path`: the server, the probes, the
+    browser, comfy-cli) is marked `comfyui`, so CI can rerun just those against a second ComfyUI (`-m comfyui`)."""
+    for item in items:
+        if "comfyui_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.comfyui)
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Every shipped workflow file is checked against the node signatures, without ComfyUI.
 
 - API format (`workflows/**/<name>.api.json`): every class_type is one of our nodes (signature read from
-  `define_schema()`) or one of the core nodes in CORE_NODES below (read from a pinned /object_info dump of
-  ComfyUI v0.3.64, tests/support/core_object_info_0.3.64.json);
+  `define_schema()`) or one of the core nodes in CORE_NODES below (read from a pinned /object_info dump of each
+  supported ComfyUI version, tests/support/core_object_info_<version>.json; every check runs against each pin);
   every required input is present, no unknown input, combo values legal, INT/FLOAT inside min/max,
   links point at existing nodes and output slots whose type matches the input's type, an output node
   exists and the graph has no cycle.
@@ -11,6 +11,11 @@
   control_after_generate value after a seed), link bookkeeping on both ends, properties
   (cnr_id/ver/"Node name for S&R").
 - Each UI file and its API twin describe the same graph (same ids, class types, links, values).
+- A newer version's ADDED optional inputs (optional there, absent from the oldest pin, e.g. CreateVideo.bit_depth
+  in 0.33) may be missing from a workflow (saved for the oldest version) or set to their default value, nothing
+  else; outputs it appended after the oldest version's may be missing from a UI file's node. The options of a
+  dynamic combo (SaveVideo.codec in 0.33) are checked, their sub-inputs are not modelled: a shipped workflow
+  uses only options without any.
 - `example_workflows/` (ComfyUI's template browser folder) holds byte-identical copies of the UI files, named by
   their readable titles (workflows/templates.txt), each with a .jpg thumbnail.
 
@@ -47,6 +52,8 @@ class In:
     max: float | None = None
     choices: object = None  # list of legal values, FILE_LIST, or None (not a combo)
     control_after_generate: bool = False
+    default: object = None
+    added: bool = False  # optional in this ComfyUI version, absent from the oldest pinned one: may be left out
 
 
 @dataclass
@@ -55,6 +62,7 @@ class Sig:
     outputs: list[str]
     output_node: bool = False
     ours: bool = False
+    older_outputs: list[str] | None = None  # the oldest pinned version's outputs, where this version appended some
     widgets: list[In] = field(init=False)
 
     def __post_init__(self):
@@ -63,16 +71,41 @@ class Sig:
     def input(self, name):
         return next((i for i in self.inputs if i.name == name), None)
 
+    def widget_layouts(self) -> list[list[In]]:
+        """The widget lists a UI file may hold: all widgets, or (saved for an older ComfyUI) all but the added ones."""
+        older = [w for w in self.widgets if not w.added]
+        return [self.widgets] + ([older] if len(older) < len(self.widgets) else [])
+
+    def widgets_for(self, values: list) -> list[In]:
+        """The layout whose widget count matches `values` (the full one when none does)."""
+        layouts = self.widget_layouts()
+        return next((ws for ws in layouts if sum(1 + w.control_after_generate for w in ws) == len(values)), layouts[0])
+
 
 def _opt(name, type, **kw):
     return In(name, type, required=False, **kw)
 
 
-# The core nodes our workflows (and integration tests) use: their /object_info entries from ComfyUI v0.3.64,
-# pinned in tests/support (model-file choices emptied: they depend on the machine). The integration suite
-# compares the pin with a real ComfyUI's /object_info.
-CORE_OBJECT_INFO = REPO / "tests" / "support" / "core_object_info_0.3.64.json"
+# The core nodes our workflows (and integration tests) use: their /object_info entries from each supported ComfyUI
+# version, pinned in tests/support by tests/support/pin_core_object_info.py (model-file choices emptied: they depend
+# on the machine). The integration suite compares the running ComfyUI's /object_info with the pin of its version.
+PINS = REPO / "tests" / "support"
 FILE_INPUTS = {"vae_name", "unet_name", "clip_name", "image", "file", "latent"}  # combos over a model/input folder
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"  # io.DynamicCombo (0.33): options [{"key": ..., "inputs": {...}}]
+
+
+def version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in version.split("."))
+
+
+def core_object_info_file(version: str) -> Path:
+    return PINS / f"core_object_info_{version}.json"
+
+
+CORE_VERSIONS = sorted(
+    (p.name[len("core_object_info_") : -len(".json")] for p in PINS.glob("core_object_info_*.json")), key=version_key
+)
+OLDEST = CORE_VERSIONS[0]  # pyproject's requires-comfyui lower bound
 
 
 def signature_from_object_info(info: dict) -> Sig:
@@ -83,7 +116,9 @@ def signature_from_object_info(info: dict) -> Sig:
             entry = info["input"][group][name]
             kind, opts = entry[0], (entry[1] if len(entry) > 1 else {}) or {}
             choices = None
-            if isinstance(kind, list) or kind == "COMBO":
+            if kind == DYNAMIC_COMBO:
+                choices, kind = [o["key"] for o in opts["options"]], "COMBO"
+            elif isinstance(kind, list) or kind == "COMBO":
                 choices = (
                     FILE_LIST if name in FILE_INPUTS else list(kind if isinstance(kind, list) else opts["options"])
                 )
@@ -97,6 +132,7 @@ def signature_from_object_info(info: dict) -> Sig:
                     max=opts.get("max"),
                     choices=choices,
                     control_after_generate=bool(opts.get("control_after_generate")),
+                    default=opts.get("default"),
                 )
             )
             if opts.get("image_upload") or opts.get("video_upload"):  # the frontend adds an upload button widget
@@ -107,15 +143,39 @@ def signature_from_object_info(info: dict) -> Sig:
 def comparable(sig: Sig) -> tuple:
     """What a signature says, as a value (for comparing a pinned signature with a live one)."""
     return (
-        tuple((i.name, i.type, i.required, i.min, i.max, str(i.choices), i.control_after_generate) for i in sig.inputs),
+        tuple(
+            (i.name, i.type, i.required, i.min, i.max, str(i.choices), i.control_after_generate, repr(i.default))
+            for i in sig.inputs
+        ),
         tuple(sig.outputs),
         sig.output_node,
     )
 
 
-CORE_NODES: dict[str, Sig] = {
-    name: signature_from_object_info(info) for name, info in json.loads(CORE_OBJECT_INFO.read_text("utf-8")).items()
+def _pinned_signatures(version: str) -> dict[str, Sig]:
+    return {
+        name: signature_from_object_info(info)
+        for name, info in json.loads(core_object_info_file(version).read_text("utf-8")).items()
+    }
+
+
+def _mark_additions(sigs: dict[str, Sig], oldest: dict[str, Sig]) -> dict[str, Sig]:
+    """Mark what a version added to the oldest pin: optional inputs, and outputs appended after the old ones."""
+    for name, sig in sigs.items():
+        old = oldest.get(name)
+        if old is None:
+            continue
+        for i in sig.inputs:
+            i.added = not i.required and old.input(i.name) is None
+        if len(sig.outputs) > len(old.outputs) and sig.outputs[: len(old.outputs)] == old.outputs:
+            sig.older_outputs = list(old.outputs)
+    return sigs
+
+
+CORE_NODES_BY_VERSION: dict[str, dict[str, Sig]] = {
+    v: _mark_additions(_pinned_signatures(v), _pinned_signatures(OLDEST)) for v in CORE_VERSIONS
 }
+CORE_NODES = CORE_NODES_BY_VERSION[OLDEST]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -169,11 +229,12 @@ def our_signatures() -> dict[str, Sig]:
     return {node_id: signature_from_schema(cls.define_schema()) for node_id, cls in node_classes().items()}
 
 
-def all_signatures() -> dict[str, Sig]:
-    ours = our_signatures()
-    clash = set(ours) & set(CORE_NODES)
+def all_signatures(version: str = OLDEST) -> dict[str, Sig]:
+    """Ours and the core nodes of ComfyUI `version` (a pinned one)."""
+    core, ours = CORE_NODES_BY_VERSION[version], our_signatures()
+    clash = set(ours) & set(core)
     assert not clash, f"our node ids shadow core nodes: {clash}"
-    return {**CORE_NODES, **ours}
+    return {**core, **ours}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -181,6 +242,8 @@ def all_signatures() -> dict[str, Sig]:
 
 
 def check_value(where: str, spec: In, value) -> list[str]:
+    if spec.added and value != spec.default:
+        return [f"{where}: {value!r}, but an input the oldest supported ComfyUI lacks must keep its default"]
     t = spec.type
     if t == "INT":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -270,6 +333,8 @@ def validate_api(graph, sigs: dict[str, Sig]) -> list[str]:
             if _is_link(value):
                 src_id, slot = value
                 edges.setdefault(nid, set()).add(src_id)
+                if spec.added:
+                    errors.append(f"{where}: linked, but the oldest supported ComfyUI lacks this input")
                 src = graph.get(src_id)
                 src_sig = sigs.get(src.get("class_type")) if isinstance(src, dict) else None
                 if src is None:
@@ -358,6 +423,8 @@ def validate_ui(wf, sigs: dict[str, Sig]) -> list[str]:
             if entry.get("type") != spec.type:
                 errors.append(f"{where}.{spec.name}: socket type {entry.get('type')!r}, expected {spec.type}")
             lid = entry.get("link")
+            if lid is not None and spec.added:
+                errors.append(f"{where}.{spec.name}: linked, but the oldest supported ComfyUI lacks this input")
             if lid is not None:
                 link = links.get(lid)
                 if link is None:
@@ -369,7 +436,7 @@ def validate_ui(wf, sigs: dict[str, Sig]) -> list[str]:
             if spec.required and spec.type not in WIDGET_TYPES and spec.name not in linked:
                 errors.append(f"{where}.{spec.name}: required {spec.type} input is not connected")
         outs = n.get("outputs", [])
-        if [o.get("type") for o in outs] != sig.outputs:
+        if [o.get("type") for o in outs] not in (sig.outputs, sig.older_outputs):
             errors.append(f"{where}: output types {[o.get('type') for o in outs]}, expected {sig.outputs}")
         for slot, o in enumerate(outs):
             for lid in o.get("links") or []:
@@ -382,14 +449,15 @@ def validate_ui(wf, sigs: dict[str, Sig]) -> list[str]:
         if not isinstance(values, list):
             errors.append(f"{where}: widgets_values must be a list")
             continue
-        expected = sum(1 + w.control_after_generate for w in sig.widgets)
+        widgets = sig.widgets_for(values)
+        expected = sum(1 + w.control_after_generate for w in widgets)
         if len(values) != expected:
             errors.append(
                 f"{where}: {len(values)} widgets_values, expected {expected} ({[w.name for w in sig.widgets]})"
             )
             continue
         i = 0
-        for w in sig.widgets:
+        for w in widgets:
             errors += check_value(f"{where}.{w.name} (widget)", w, values[i])
             i += 1
             if w.control_after_generate:
@@ -438,7 +506,7 @@ def ui_to_api_inputs(wf, sigs) -> dict[str, tuple[str, dict]]:
             continue
         sig = sigs[n["type"]]
         inputs, values = {}, list(n.get("widgets_values", []))
-        for w in sig.widgets:
+        for w in sig.widgets_for(values):
             value = values.pop(0)
             if w.type != "IMAGEUPLOAD":  # the upload button's value never reaches the prompt
                 inputs[w.name] = value
@@ -450,6 +518,13 @@ def ui_to_api_inputs(wf, sigs) -> dict[str, tuple[str, dict]]:
                 inputs[entry["name"]] = [str(link[1]), link[2]]
         graph[str(n["id"])] = (n["type"], inputs)
     return graph
+
+
+def _without_added_defaults(inputs: dict, sig: Sig | None) -> dict:
+    """`inputs` less the added inputs (see Sig) at their default: the same prompt with or without them."""
+    if sig is None:
+        return inputs
+    return {k: v for k, v in inputs.items() if not ((i := sig.input(k)) is not None and i.added and v == i.default)}
 
 
 def compare_ui_api(wf, api, sigs) -> list[str]:
@@ -464,7 +539,9 @@ def compare_ui_api(wf, api, sigs) -> list[str]:
         ct, inputs = ui[nid]
         if api[nid].get("class_type") != ct:
             errors.append(f"node {nid}: UI {ct} vs API {api[nid].get('class_type')}")
-        elif inputs != api[nid].get("inputs"):
+        elif _without_added_defaults(inputs, sigs.get(ct)) != _without_added_defaults(
+            api[nid].get("inputs", {}), sigs.get(ct)
+        ):
             errors.append(f"node {nid} ({ct}): UI inputs {inputs} vs API {api[nid].get('inputs')}")
     return errors
 
@@ -509,9 +586,10 @@ def _rel(p: Path) -> str:
 EXPECTED_WORKFLOWS = {"wan_vae_decode_only", "wan21_t2v_fused_decode", "omnidreams_i2v_cp", "h3_t2va_sp"}
 
 
-@pytest.fixture(scope="module")
-def sigs():
-    return all_signatures()
+@pytest.fixture(scope="module", params=CORE_VERSIONS)
+def sigs(request):
+    """Ours and the core nodes of each pinned ComfyUI version: every workflow must hold on each."""
+    return all_signatures(request.param)
 
 
 def test_expected_workflows_exist():
@@ -726,3 +804,72 @@ def test_stale_template_copy_is_rejected(tmp_path):
     stale.write_text(src.read_text(encoding="utf-8").replace('"version": 0.4', '"version": 0.4 '), encoding="utf-8")
     assert any("differs" in e for e in template_sync_errors(ui_files(), [stale]))
     assert any("missing" in e for e in template_sync_errors(ui_files(), []))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A newer ComfyUI's added optional inputs: left out or at their default, nothing else (guards the allowance above)
+
+ADDED = ("0.33.0", "CreateVideo", "bit_depth")  # optional INT, default 8, new since 0.3.64
+
+
+def test_the_added_inputs_are_exactly_the_new_optional_ones():
+    version, node, name = ADDED
+    newer, oldest = CORE_NODES_BY_VERSION[version], CORE_NODES_BY_VERSION[OLDEST]
+    spec = newer[node].input(name)
+    assert spec.added and not spec.required and spec.default == 8
+    assert not any(i.added for sig in oldest.values() for i in sig.inputs)
+    for ct, sig in newer.items():
+        for i in sig.inputs:
+            assert i.added == (ct in oldest and not i.required and oldest[ct].input(i.name) is None)
+    old_outputs = oldest["GetVideoComponents"].outputs
+    assert newer["GetVideoComponents"].older_outputs == old_outputs == ["IMAGE", "AUDIO", "FLOAT"]
+
+
+def test_a_ui_node_may_lack_only_the_outputs_a_newer_version_appended():
+    version = ADDED[0]
+    sigs = all_signatures(version)
+    wf = load(WORKFLOWS / "ui" / "omnidreams_i2v_hdmap.json")
+    node = _ui_node(wf, "GetVideoComponents")
+    assert [o["type"] for o in node["outputs"]] == ["IMAGE", "AUDIO", "FLOAT"] and not validate_ui(wf, sigs)
+    node["outputs"].append({"name": "bit_depth", "type": "INT", "links": None})  # as the newer frontend saves it
+    assert not validate_ui(wf, sigs)
+    node["outputs"] = node["outputs"][:2]
+    assert any("output types" in e for e in validate_ui(wf, sigs))
+
+
+@pytest.mark.parametrize("path", _mutation_targets(api_files()), ids=_rel)
+def test_an_added_input_is_allowed_only_at_its_default(path):
+    version, node, name = ADDED
+    newer, oldest = all_signatures(version), all_signatures(OLDEST)
+    graph = copy.deepcopy(load(path))
+    nid = _api_node(graph, node)
+    graph[nid]["inputs"][name] = 8
+    assert not validate_api(graph, newer)
+    assert any("unknown input" in e for e in validate_api(graph, oldest))  # the oldest version has no such input
+    graph[nid]["inputs"][name] = 10  # legal on that version, but the workflow would differ from the oldest one's
+    assert any("must keep its default" in e for e in validate_api(graph, newer))
+    graph[nid]["inputs"][name] = [_api_node(graph, "VAELoader"), 0]
+    assert any("oldest supported ComfyUI lacks" in e for e in validate_api(graph, newer))
+    graph[nid]["inputs"].pop(name)
+    graph[nid]["inputs"].pop("fps")  # a required input is still required
+    assert any("required input missing" in e for e in validate_api(graph, newer))
+
+
+@pytest.mark.parametrize("path", _mutation_targets(ui_files()), ids=_rel)
+def test_a_ui_file_and_its_api_twin_may_differ_only_by_added_inputs_at_their_default(path):
+    version, node, name = ADDED
+    sigs = all_signatures(version)
+    wf, api = copy.deepcopy(load(path)), copy.deepcopy(load(api_twin(path)))
+    nid = _api_node(api, node)
+    api[nid]["inputs"][name] = 8  # what the newer frontend queues for the older file
+    assert not compare_ui_api(wf, api, sigs)
+    _ui_node(wf, node)["widgets_values"].append(8)  # the file saved by the newer frontend
+    assert not validate_ui(wf, sigs) and not compare_ui_api(wf, api, sigs)
+    assert not compare_ui_api(wf, load(api_twin(path)), sigs)
+    api[nid]["inputs"][name] = 10
+    assert any(node in e for e in compare_ui_api(wf, api, sigs))
+    _ui_node(wf, node)["widgets_values"][-1] = 10
+    assert any("must keep its default" in e for e in validate_ui(wf, sigs))
+    _ui_node(wf, node)["widgets_values"][-1] = 8
+    _ui_node(wf, node)["widgets_values"][0] += 1  # any other difference still counts
+    assert any(node in e for e in compare_ui_api(wf, load(api_twin(path)), sigs))

@@ -96,7 +96,7 @@ class StreamDecoder(_Stream):
 
     @property
     def held_hw(self) -> tuple[int, int]:
-        return tuple(self.held.shape[3:]) if self.held is not None else (1, 1)
+        return (self.held.shape[3], self.held.shape[4]) if self.held is not None else (1, 1)
 
     def flush(self) -> torch.Tensor | None:
         """The held latent frame decoded alone (the whole decode's last call for an even frame count), else None.

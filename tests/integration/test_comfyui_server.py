@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from omnivideo.selftest.workflows import DECODE_SMALL
+
 REPO = Path(__file__).resolve().parents[2]
 PACK_FOLDER = "omnivideo"  # the custom_nodes folder name conftest.py gives the link to this repository
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 OUR_NODES = ("OmniVideoBackendInfo", "OmniVideoWanVAEDecode")
 FUSIONS = ("auto", "triton", "torch", "off")
-SMALL = {"width": 64, "height": 64, "length": 5}  # latent [1, 16, 2, 8, 8] -> 5 frames of 64x64
+SMALL = DECODE_SMALL["EmptyHunyuanLatentVideo"]  # latent [1, 16, 2, 8, 8] -> 5 frames of 64x64
 
 
 def _load_workflow_checks():
@@ -46,6 +48,12 @@ def _pack_import_failures(log: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def comfyui_version(comfy_server) -> str:
+    """The running ComfyUI's version, as /system_stats reports it."""
+    return comfy_server.get_json("/system_stats")["system"]["comfyui_version"]
+
+
 def test_pack_loads_and_registers_its_nodes(comfy_server, object_info):
     log = comfy_server.log()
     assert not _pack_import_failures(log), "\n".join(_pack_import_failures(log)) + "\n" + comfy_server.log_tail()
@@ -64,16 +72,21 @@ def test_pack_loads_and_registers_its_nodes(comfy_server, object_info):
     assert "Unable to parse pyproject.toml" not in log, "ComfyUI could not read our pyproject.toml [tool.comfy]"
 
 
-def test_core_signatures_match_this_comfyui(object_info):
-    """The validator reads the core nodes from a pinned /object_info dump (tests/support); it must equal what this
-    ComfyUI publishes (model-file choices aside: they depend on the machine)."""
+def test_core_signatures_match_this_comfyui(object_info, comfyui_version):
+    """The validator reads the core nodes from a pinned /object_info dump per supported ComfyUI version
+    (tests/support); the pin of this ComfyUI's version must equal what it publishes (model-file choices aside: they
+    depend on the machine)."""
+    pin = wf.core_object_info_file(comfyui_version)
+    assert comfyui_version in wf.CORE_NODES_BY_VERSION, (
+        f"no {pin.name} (pinned: {wf.CORE_VERSIONS}): write it with tests/support/pin_core_object_info.py"
+    )
     stale = [
         name
-        for name, sig in wf.CORE_NODES.items()
+        for name, sig in wf.CORE_NODES_BY_VERSION[comfyui_version].items()
         if name not in object_info
         or wf.comparable(wf.signature_from_object_info(object_info[name])) != wf.comparable(sig)
     ]
-    assert not stale, f"re-pin {wf.CORE_OBJECT_INFO.name} from /object_info for: {stale}"
+    assert not stale, f"re-pin {pin.name} from /object_info (tests/support/pin_core_object_info.py) for: {stale}"
 
 
 def test_backend_info_runs_in_comfyui(comfy_server, report):
@@ -104,9 +117,9 @@ def test_templates_are_served(comfy_server):
         assert status == 200 and body[:3] == b"\xff\xd8\xff", f"{name}.jpg: HTTP {status}, not a JPEG thumbnail"
 
 
-def test_decode_only_workflow_runs(comfy_server, vae_file, report, api_graph, probe_video):
+def test_decode_only_workflow_runs(comfy_server, comfyui_version, vae_file, report, api_graph, probe_video):
     graph, prefix = api_graph("wan_vae_decode_only", {"EmptyHunyuanLatentVideo": SMALL})
-    assert not wf.validate_api(graph, wf.all_signatures())
+    assert not wf.validate_api(graph, wf.all_signatures(comfyui_version))
 
     video = comfy_server.run_video(graph, prefix, timeout=150)
     assert video.stat().st_size > 0

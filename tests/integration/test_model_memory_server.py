@@ -1,7 +1,8 @@
 """Our networks belong to ComfyUI's model management, seen from a real headless ComfyUI (CPU) over /prompt:
 ComfyUI lists them as loaded while a workflow runs, `POST /free` with `unload_models` takes them off that list,
 with `free_memory` too the process gives their memory back (RSS drops by most of the weights' size), and ten
-back-to-back runs keep RSS flat. The OmniDreams DiT here is ~110 MB in fp32 so the RSS figures stand out from
+back-to-back runs after a warm-up run keep RSS flat (on some hosts, AMD CPUs, the second run still takes RSS one
+step up; flat from then on). The OmniDreams DiT here is ~110 MB in fp32 so the RSS figures stand out from
 the noise. Skipped unless COMFYUI_PATH is set (see conftest.py).
 """
 
@@ -73,12 +74,17 @@ def test_models_are_listed_unloaded_by_free_and_rss_stays_flat(comfy_server, wei
     comfy_server.free(unload_models=True, free_memory=True)  # start from nothing cached by earlier tests
     assert loaded_models(comfy_server, omnidreams_graph(1), "4") == ["OmniDreamsDiT"]
     after_first = comfy_server.rss()
-    samples = [after_first]
-    for seed in range(2, 12):  # ten more runs; the loader's output is cached, the sampler runs each time
+    assert "OmniDreamsDiT" in loaded_models(comfy_server, omnidreams_graph(2), "4")  # warm-up
+    after_warm_up = comfy_server.rss()
+    samples = [after_warm_up]
+    for seed in range(3, 13):  # ten more runs; the loader's output is cached, the sampler runs each time
         assert "OmniDreamsDiT" in loaded_models(comfy_server, omnidreams_graph(seed), "4")
         samples.append(comfy_server.rss())
-    growth = max(samples) - after_first
-    assert growth < 0.1 * weights_bytes, f"RSS grew {growth / MiB:.1f} MiB over 10 runs: {samples}"
+    growth = max(samples) - after_warm_up
+    assert growth < 0.1 * weights_bytes, (
+        f"RSS grew {growth / MiB:.1f} MiB over 10 runs after the warm-up: {samples} "
+        f"(after the first run: {after_first}, the warm-up added {(after_warm_up - after_first) / MiB:+.1f} MiB)"
+    )
 
     after_runs = comfy_server.rss()
     comfy_server.free(unload_models=True)  # unload only: ComfyUI lets go of the DiT (the loader output is cached)
@@ -89,6 +95,7 @@ def test_models_are_listed_unloaded_by_free_and_rss_stays_flat(comfy_server, wei
         f"RSS dropped {dropped / MiB:.1f} MiB after /free; the DiT's weights are {weights_bytes / MiB:.1f} MiB"
     )
     report.append(
-        f"model memory: DiT {weights_bytes / MiB:.0f} MiB; RSS over 10 more runs {growth / MiB:+.1f} MiB; "
+        f"model memory: DiT {weights_bytes / MiB:.0f} MiB; warm-up run {(after_warm_up - after_first) / MiB:+.1f} MiB, "
+        f"RSS over 10 more runs {growth / MiB:+.1f} MiB; "
         f"/free (unload_models + free_memory) released {dropped / MiB:.0f} MiB"
     )

@@ -1,9 +1,9 @@
 """Hostile and out-of-range inputs sent to a real ComfyUI over /prompt, as an API client (or attacker) would.
 
 - every file and folder input of the pack gets an absolute path, a '../' path and a path through a link in the
-  models folder, aimed at bait files outside ComfyUI's folders: refused with one message (the same whether
-  the target exists or not), nothing outside opened (an audit hook in the test probe pack records opens in the
-  server process) and nothing written;
+  models folder, aimed at bait files outside ComfyUI's folders: refused at /prompt with one message (the same
+  whether the target exists or not), nothing outside opened (an audit hook in the test probe pack records opens
+  in the server process) and nothing written;
 - declared limits are enforced by ComfyUI's own validation, at and beyond each bound;
 - a huge skip_layers range is refused quickly and cheaply while /prompt validates;
 - the Wan decode answers /interrupt within a couple of seconds at 832x480.
@@ -57,16 +57,20 @@ def outside(tmp_path_factory, comfy_server):
     return d
 
 
-# node, input, ComfyUI folder kind, bait (relative to the outside folder), other inputs, checked at /prompt?
+# node, input, ComfyUI folder kind, bait (relative to the outside folder), other inputs, how /prompt refuses it:
+#   "path"  our validate_inputs' path check (its '..' message);
+#   "list"  the check of the value against the dropdown's list only (the path check runs when the node runs): core's
+#           (value_not_in_list) where ComfyUI checks V3 combo values itself (0.33), else our validate_inputs'
+#           (0.3.64, safe_paths.CORE_CHECKS_V3_COMBOS)
 INPUTS = [
-    ("OmniDreamsLoadTextEmbedding", "embedding", "text_encoders", f"{OUTSIDE_MARKER}.safetensors", {}, True),
+    ("OmniDreamsLoadTextEmbedding", "embedding", "text_encoders", f"{OUTSIDE_MARKER}.safetensors", {}, "path"),
     (
         "OmniVideoH3TextEncode",
         "embedding_file",
         "text_encoders",
         f"{OUTSIDE_MARKER}.safetensors",
         {"prompt": "a fox", "save_as": ""},
-        True,
+        "path",
     ),
     (
         "OmniDreamsModelLoader",
@@ -74,7 +78,7 @@ INPUTS = [
         "diffusion_models",
         f"{OUTSIDE_MARKER}.pt",
         {"dtype": "fp32", "window_frames": 6, "sink_frames": 0},
-        True,
+        "path",
     ),
     (
         "OmniVideoH3Loader",
@@ -82,7 +86,7 @@ INPUTS = [
         "diffusers",
         "h3",
         {"transformer_file": "(transformer/ of the folder)", "dtype": "fp32"},
-        True,
+        "path",
     ),
     (
         "OmniVideoH3Loader",
@@ -90,10 +94,10 @@ INPUTS = [
         "diffusion_models",
         f"{OUTSIDE_MARKER}.safetensors",
         {"folder": H3_STUB, "dtype": "fp32"},
-        False,
+        "list",
     ),
-    ("OmniDreamsTextEncoderLoader", "folder", "text_encoders", "cosmos", {"dtype": "fp32"}, True),
-    ("OmniVideoH3TextEncoderLoader", "folder", "text_encoders", "qwen3", {"dtype": "fp32", "layer": 1}, True),
+    ("OmniDreamsTextEncoderLoader", "folder", "text_encoders", "cosmos", {"dtype": "fp32"}, "path"),
+    ("OmniVideoH3TextEncoderLoader", "folder", "text_encoders", "qwen3", {"dtype": "fp32", "layer": 1}, "path"),
 ]
 
 
@@ -101,20 +105,26 @@ def _graph(node: str, inputs: dict) -> dict:
     return {"1": {"class_type": node, "inputs": inputs}, "2": {"class_type": SINK, "inputs": {"value": ["1", 0]}}}
 
 
-def _refusal(comfy_server, graph: dict, at_prompt: bool) -> str:
-    """The one error message ComfyUI reports for node 1, at /prompt or when the node runs."""
-    if at_prompt:
-        errors = comfy_server.node_errors(graph)
-        assert list(errors) == ["1"], errors
-        assert len(errors["1"]) == 1, f"one message per problem, got {errors['1']}"
-        kind, _, details = errors["1"][0]
-        assert kind == "custom_validation_failed", errors
-        return details
-    entry = comfy_server.wait(comfy_server.queue(graph), timeout=60)
-    assert entry["status"]["status_str"] == "error", entry["status"]
-    failed = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_error"]
-    assert failed and failed[0]["node_id"] == "1", entry["status"]
-    return failed[0]["exception_message"]
+def one_refusal(errors: list[tuple[str, str, str]], name: str) -> tuple[str, str]:
+    """A node's errors at /prompt as one refusal of input `name`: (type, message). ComfyUI repeats a validate_inputs
+    refusal under each input it names ("<input> - <message>"; ours name their combos too where ComfyUI does not check
+    them, 0.3.64): the same message each time, one of them under `name`."""
+    assert [e for e in errors if e[1] == name] and len({e[0] for e in errors}) == 1, errors
+    if errors[0][0] == "custom_validation_failed":
+        assert len({d.split(" - ", 1)[-1] for _, _, d in errors}) == 1, f"one message per problem, got {errors}"
+    else:
+        assert len(errors) == 1, f"one message per problem, got {errors}"
+    kind, _, details = next(e for e in errors if e[1] == name)
+    return kind, details
+
+
+def _refusal(comfy_server, graph: dict, name: str) -> tuple[str, str]:
+    """The one error ComfyUI reports at /prompt for node 1, on input `name`: (its type, its message)."""
+    errors = comfy_server.node_errors(graph)
+    assert list(errors) == ["1"], errors
+    kind, details = one_refusal(errors["1"], name)
+    assert kind in ("custom_validation_failed", "value_not_in_list"), errors
+    return kind, details
 
 
 def _opened_outside(comfy_server) -> list[str]:
@@ -123,8 +133,8 @@ def _opened_outside(comfy_server) -> list[str]:
     return entry["outputs"]["9"]["opened"]
 
 
-@pytest.mark.parametrize("node, name, kind, bait, others, at_prompt", INPUTS, ids=[f"{n}.{i}" for n, i, *_ in INPUTS])
-def test_hostile_names_are_refused(comfy_server, outside, node, name, kind, bait, others, at_prompt, report):
+@pytest.mark.parametrize("node, name, kind, bait, others, check", INPUTS, ids=[f"{n}.{i}" for n, i, *_ in INPUTS])
+def test_hostile_names_are_refused(comfy_server, outside, node, name, kind, bait, others, check, report):
     root = comfy_server.root / "models" / kind
     target = outside / bait
     cases = {
@@ -134,13 +144,22 @@ def test_hostile_names_are_refused(comfy_server, outside, node, name, kind, bait
         "through-link": f"escape/../{bait}",  # escape -> outside/linked, so escape/.. is the bait's folder
     }
     before = sorted(p.name for p in comfy_server.output_dir.rglob("*"))
-    messages = {}
+    messages, kinds = {}, set()
     for case, value in cases.items():
-        text = _refusal(comfy_server, _graph(node, {**others, name: value}), at_prompt)
-        assert "refused" in text, (case, text)
+        error, text = _refusal(comfy_server, _graph(node, {**others, name: value}), name)
+        kinds.add(error)
+        if error == "value_not_in_list":  # core's: "<input>: '<value>' not in [<the choices>]"
+            assert check == "list" and text.startswith(f"{name}: {value!r} not in "), (case, text)
+        else:
+            assert "refused" in text, (case, text)
         messages[case] = text.replace(repr(value), "<name>")
+    assert len(kinds) == 1, f"one check refuses every case: {messages}"
     assert messages["absolute"] == messages["absolute-missing"], "the error must not reveal what exists outside"
-    assert "'..' is not accepted" in messages["dotdot"] and "'..' is not accepted" in messages["through-link"]
+    if check == "path":
+        assert kinds == {"custom_validation_failed"}
+        assert "'..' is not accepted" in messages["dotdot"] and "'..' is not accepted" in messages["through-link"]
+    else:  # the same refusal for each: the value is not in the list
+        assert len(set(messages.values())) == 1, messages
     assert _opened_outside(comfy_server) == []
     assert sorted(p.name for p in comfy_server.output_dir.rglob("*")) == before
     if name == "embedding":
@@ -156,7 +175,8 @@ def test_save_as_never_leaves_the_output_folder_nor_overwrites(comfy_server, out
     for bad in ("/tmp/" + OUTSIDE_MARKER, "../" + OUTSIDE_MARKER, "escape_link/x", "x" * 300):
         graph["1"]["inputs"]["save_as"] = bad
         errors = comfy_server.node_errors(graph)
-        assert [e[0] for e in errors["1"]] == ["custom_validation_failed"] and "refused" in errors["1"][0][2], errors
+        kind, details = one_refusal(errors["1"], "save_as")
+        assert kind == "custom_validation_failed" and "refused" in details, errors
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -192,7 +212,13 @@ def _limit_errors(comfy_server, sampler: dict, loader: dict | None = None) -> di
         "4": {"class_type": SINK, "inputs": {"value": ["3", 0]}},
     }
     errors = comfy_server.node_errors(graph)
-    return {(nid, e[1]): e[0] for nid, errs in errors.items() for e in errs}
+    limits = {(nid, e[1]): e[0] for nid, errs in errors.items() for e in errs if e[0] != "custom_validation_failed"}
+    refused = {nid: [e for e in errs if e[0] == "custom_validation_failed"] for nid, errs in errors.items()}
+    for nid, name in (("1", "ckpt_name"), ("2", "embedding")):  # the missing files: one refusal each, by our check
+        if refused.get(nid):
+            limits[(nid, name)] = one_refusal(refused.pop(nid), name)[0]
+    assert not any(refused.values()), refused
+    return limits
 
 
 @pytest.mark.parametrize(
@@ -231,9 +257,8 @@ def test_attention_limits_and_skip_layers_are_checked_quickly(comfy_server, repo
     errors = comfy_server.node_errors(attention(skip_layers="0-30000000"))
     elapsed = time.perf_counter() - t0
     grew = _rss_kib(comfy_server) - rss
-    assert [e[:2] for e in errors["1"]] == [("custom_validation_failed", "skip_layers")] and "beyond" in errors["1"][0][
-        2
-    ]
+    kind, details = one_refusal(errors["1"], "skip_layers")
+    assert kind == "custom_validation_failed" and "beyond" in details, errors
     assert elapsed < 2.0, f"/prompt took {elapsed:.2f} s to refuse skip_layers"
     assert grew < 64 * 1024, f"the server grew by {grew} KiB while validating skip_layers"
     report.append(f"skip_layers '0-30000000' refused at /prompt in {elapsed * 1000:.0f} ms, RSS +{grew} KiB")
