@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from omnivideo.selftest.server import pack_import_failures
 from omnivideo.selftest.workflows import DECODE_SMALL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,16 +36,6 @@ def _load_workflow_checks():
 wf = _load_workflow_checks()
 
 
-def _pack_import_failures(log: str) -> list[str]:
-    """ComfyUI logs `Cannot import <path> module for custom nodes: <error>` and, in the import-times table,
-    `<t> seconds (IMPORT FAILED): <path>`; the server itself keeps running."""
-    return [
-        line
-        for line in log.splitlines()
-        if ("IMPORT FAILED" in line or "Cannot import" in line) and "omnivideo" in line.lower()
-    ]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -56,7 +47,7 @@ def comfyui_version(comfy_server) -> str:
 
 def test_pack_loads_and_registers_its_nodes(comfy_server, object_info):
     log = comfy_server.log()
-    assert not _pack_import_failures(log), "\n".join(_pack_import_failures(log)) + "\n" + comfy_server.log_tail()
+    assert not pack_import_failures(log), "\n".join(pack_import_failures(log)) + "\n" + comfy_server.log_tail()
     missing = [n for n in OUR_NODES if n not in object_info]
     assert not missing, f"not in /object_info: {missing}\n{comfy_server.log_tail()}"
     # what ComfyUI publishes matches our schemas (names, types, combo choices)
@@ -94,7 +85,7 @@ def test_backend_info_runs_in_comfyui(comfy_server, report):
     text = entry["outputs"]["1"]["text"]
     info = text[0] if isinstance(text, list) else text
     assert isinstance(info, str) and info.strip(), entry["outputs"]
-    assert not _pack_import_failures(comfy_server.log())
+    assert not pack_import_failures(comfy_server.log())
     report.append("Backend Info inside ComfyUI --cpu:\n    " + info.strip().replace("\n", "\n    "))
 
 
