@@ -1,7 +1,13 @@
 """The backend registry: the only part of the pack that knows about devices. Implementations register
 themselves from their own packages (attention/registrations.py, kernels/registrations.py)."""
 
-from .distributed import device_count, process_group_backend, rank_device
+from .distributed import (
+    device_count,
+    loopback_environment,
+    process_group_backend,
+    rank_device,
+    release_cached_memory,
+)
 from .platform import (
     DTYPE_CHOICES,
     PLATFORM,
@@ -30,6 +36,8 @@ __all__ = [
     "resolve",
     "backend_report",
     "device_count",
+    "loopback_environment",
     "process_group_backend",
     "rank_device",
+    "release_cached_memory",
 ]

@@ -6,6 +6,7 @@ for device tensors (NCCL on CUDA, HCCL on Ascend) and gloo for CPU tensors (the 
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -41,3 +42,38 @@ def rank_device(platform: Platform, local_rank: int) -> torch.device:
     device = torch.device(platform.name, local_rank)
     getattr(torch, platform.name).set_device(device)
     return device
+
+
+IFF_LOOPBACK = 0x8  # linux/if.h
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback network interface ('lo' on Linux)."""
+    try:
+        for name in sorted(os.listdir("/sys/class/net")):
+            with open(f"/sys/class/net/{name}/flags") as flags:
+                if int(flags.read(), 16) & IFF_LOOPBACK:
+                    return name
+    except OSError:
+        pass
+    return "lo"
+
+
+def loopback_environment(platform: Platform) -> dict[str, str]:
+    """Environment that keeps the collective libraries' sockets on loopback, for ranks on one machine: gloo's
+    listeners (by default on the address the host name resolves to), NCCL's bootstrap, HCCL's host socket."""
+    env = {"GLOO_SOCKET_IFNAME": loopback_interface()}
+    if platform.name == "cuda":
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"]
+    elif platform.name == "npu":
+        env["HCCL_IF_IP"] = "127.0.0.1"
+    return env
+
+
+def release_cached_memory(platform: Platform) -> None:
+    """After dropping a model: collect it and hand the device allocator's cached blocks back."""
+    gc.collect()
+    if platform.name == "cuda":
+        torch.cuda.empty_cache()
+    elif platform.name == "npu":
+        torch.npu.empty_cache()  # type: ignore[attr-defined]

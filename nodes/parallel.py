@@ -6,7 +6,8 @@ from ..attention.sequence_parallel import SequenceShard
 from ..backends import PLATFORM, device_count
 from ..compat import io
 from ..models.handles import FAMILIES
-from ..parallel.pool import describe_pool, external_workers
+from ..parallel.pool import describe_pool
+from ..parallel.rendezvous import operator_ranks
 from ..pipelines.h3.parallel import ensure_workers as h3_workers
 from ..pipelines.omnidreams import ensure_workers as omnidreams_workers
 from .types import ModelType
@@ -45,7 +46,7 @@ class OmniVideoParallel(io.ComfyNode):
         config = model.transformer.config
         SequenceShard(0, world_size).check_heads(getattr(config, "num_heads", None) or config.num_attention_heads)
         devices = device_count(PLATFORM)
-        if world_size > devices and not external_workers():
+        if world_size > devices and not operator_ranks():
             unit = "cores" if PLATFORM.name == "cpu" else f"{PLATFORM.name} devices"
             raise ValueError(f"world_size {world_size} needs {world_size} {unit}; this machine has {devices}")
         parallel = model.replace(world_size=world_size)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +23,8 @@ from ..attention.sequence_parallel import SequenceShard
 from ..backends import PLATFORM, process_group_backend, rank_device
 
 DEFAULT_TIMEOUT_S = 1800  # one collective may wait this long (a worker that hangs rather than dies)
+IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for rank 0's next message as long as the world lives
+POLL_S = 0.05
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool)}
 
 
@@ -38,6 +43,7 @@ class World:
     size: int
     local_rank: int
     device: torch.device  # where this rank's model runs
+    control: Any = None  # the gloo group of rank 0's messages (None: the default group), without a timeout for idling
 
     @property
     def shard(self) -> SequenceShard:
@@ -66,16 +72,23 @@ class World:
     def _bytes(self, payload: torch.Tensor | None = None) -> torch.Tensor:
         """Broadcast one byte string from rank 0 (payload given there; returned on every rank)."""
         length = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
-        dist.broadcast(length, 0)
+        dist.broadcast(length, 0, group=self.control)
         buf = payload if payload is not None else torch.empty(int(length), dtype=torch.uint8)
         if buf.numel():
-            dist.broadcast(buf, 0)
+            dist.broadcast(buf, 0, group=self.control)
         return buf
 
-    def sync(self) -> None:
-        """Every rank waits here for the others (a one-integer all-reduce on the CPU backend: `dist.barrier` would
-        pick the accelerator's)."""
-        dist.all_reduce(torch.zeros(1, dtype=torch.int64))
+    def failed_ranks(self, failed: bool = False, check: Callable[[], None] | None = None) -> list[int]:
+        """Every rank says whether its part of an operation failed and all learn which ranks did (on the CPU
+        backend: `dist.barrier` would pick the accelerator's). Rank 0 waits with `check()` every POLL_S (a cancel:
+        the gather completes in the background when the workers get there)."""
+        flags = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        work = dist.all_gather(flags, torch.tensor([int(failed)]), group=self.control, async_op=True)
+        while check is not None and not work.is_completed():
+            check()
+            time.sleep(POLL_S)
+        work.wait()
+        return [rank for rank, flag in enumerate(flags) if flag.item()]
 
     # ------------------------------------------------------------------------ shared cancel point
 
@@ -111,7 +124,7 @@ def join(*, rank: int, size: int, local_rank: int, store: dist.Store, timeout_s:
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device.type != "cpu" else None,
     )
-    return World(rank, size, local_rank, device)
+    return World(rank, size, local_rank, device, dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT))
 
 
 def leave() -> None:

@@ -106,7 +106,7 @@ def test_cancel_stops_every_rank_and_the_workers_are_reused(tmp_path):
     assert torch.equal(again, reference)
 
 
-def test_dead_worker_ends_the_run_with_its_name_and_no_orphans(tmp_path):
+def test_dead_worker_ends_the_run_with_its_name_and_no_orphans(tmp_path, caplog):
     model, cond = _handle(tmp_path, TINY_4_HEADS, 2), _conditioning(TINY_4_HEADS)
     _sample(model, cond, frames=5)
     pool = pool_mod.current_pool()
@@ -120,8 +120,10 @@ def test_dead_worker_ends_the_run_with_its_name_and_no_orphans(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
     started = time.monotonic()
-    with pytest.raises(pool_mod.WorkerError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
+    with pytest.raises(pool_mod.WorkerError, match=r"worker rank 1 exited with code -9") as failed:
         _sample(model, cond, progress=KillWorker)
+    assert str(pid) not in str(failed.value) and "/" not in str(failed.value)  # the error reaches /history
+    assert f"rank 1 exited with code -9; its log ends:\n" in caplog.text and "rank 1 of 2" in caplog.text
     assert time.monotonic() - started < 60
     assert not pool.alive() and pool.workers == []
     assert not os.path.exists(f"/proc/{pid}")  # reaped, not a zombie
@@ -130,10 +132,13 @@ def test_dead_worker_ends_the_run_with_its_name_and_no_orphans(tmp_path):
 
 def test_stop_pool_ends_the_workers(tmp_path):
     _sample(_handle(tmp_path, TINY_4_HEADS, 2), _conditioning(TINY_4_HEADS), frames=5)
-    pids = pool_mod.current_pool().pids
+    pool = pool_mod.current_pool()
+    pids, folder = pool.pids, pool._folder
+    assert folder is not None and os.stat(folder).st_mode & 0o777 == 0o700  # the store and logs: ours only
     pool_mod.stop_pool()
     assert pool_mod.current_pool() is None
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert not os.path.exists(folder)  # no omnivideo-workers-* folder left behind
 
 
 def test_fp8_weights_are_refused_before_any_worker_starts(tmp_path):
@@ -145,50 +150,111 @@ def test_fp8_weights_are_refused_before_any_worker_starts(tmp_path):
     assert pool_mod.current_pool() is None
 
 
-def test_workers_started_by_torchrun_join_rank_0(tmp_path, monkeypatch):
-    """What runs across machines: rank 0 (here this process, in ComfyUI the server) waits at OMNIVIDEO_MASTER_PORT;
-    torchrun starts the other ranks (rank = its RANK + 1) wherever it runs them."""
+def _free_port() -> int:
     import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _operator_env(monkeypatch, port: int, size: int, secret: str = "s3cret-of-the-operator") -> dict:
+    """What an operator sets on rank 0 (here this process) and on every torchrun rank."""
+    env = {
+        "OMNIVIDEO_MASTER_ADDR": "127.0.0.1",
+        "OMNIVIDEO_MASTER_PORT": str(port),
+        "OMNIVIDEO_WORLD_SIZE": str(size),
+        "OMNIVIDEO_SECRET": secret,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def test_workers_started_by_torchrun_join_rank_0_and_outlive_its_worlds(tmp_path, monkeypatch):
+    """What runs across machines: rank 0 (here this process, in ComfyUI the server) waits at OMNIVIDEO_MASTER_PORT;
+    torchrun starts the other ranks (rank = its RANK + 1) wherever it runs them. Nothing a prompt does stops them:
+    "Unload models" drops their weights, another world size is refused, and when rank 0's world ends (a failed run,
+    a server restart) they join the next one."""
     import subprocess
     import sys
     from pathlib import Path
 
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     pool_mod.stop_pool()
     cond = _conditioning(TINY_4_HEADS)
     single = _sample(_handle(tmp_path, TINY_4_HEADS, 1), cond, frames=13)
-    port = free_port()
-    monkeypatch.setenv("OMNIVIDEO_MASTER_PORT", str(port))
+    env = _operator_env(monkeypatch, _free_port(), 4)
     entry = Path(pool_mod.__file__).with_name("worker_entry.py")
-    env = {**os.environ, "OMNIVIDEO_MASTER_ADDR": "127.0.0.1", "OMNIVIDEO_WORLD_SIZE": "4", "OMNIVIDEO_WORKER": "1"}
     torchrun = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "3",
-            "--master-port",
-            str(free_port()),
-            str(entry),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port())]
+        + [str(entry)],
+        env={**os.environ, **env, "OMNIVIDEO_WORKER": "1"},
+        stdout=open("/tmp/torchrun.log", "w"),
+        stderr=subprocess.STDOUT,
     )
     try:
         parallel = _sample(_handle(tmp_path, TINY_4_HEADS, 4), cond, frames=13)
         assert pool_mod.current_pool().pids == []  # none of them is this process's child
         assert (parallel - single).abs().max() <= 1e-5
-        pool_mod.stop_pool()  # tells every rank to exit: torchrun ends cleanly
-        assert torchrun.wait(timeout=60) == 0
+        with pytest.raises(ValueError, match="started by its operator for world size 4"):
+            pool_mod.ensure_pool(2)
+        pool_mod.unload_models()  # "Unload models" / POST /free
+        assert pool_mod.current_pool().alive() and pool_mod.current_pool().models == {}
+        pool_mod.stop_pool()  # rank 0's world ends (as after a failed run or at server exit)
+        time.sleep(1.0)
+        assert torchrun.poll() is None  # the operator's ranks are still up ...
+        again = _sample(_handle(tmp_path, TINY_4_HEADS, 4), cond, frames=13)  # ... and join the next world
+        assert torch.equal(again, parallel)
+        pool_mod.stop_pool()
+        assert torchrun.poll() is None
     finally:
+        pool_mod.stop_pool()
         torchrun.kill()
         torchrun.wait()
+
+
+def test_operator_ranks_need_the_secret(monkeypatch):
+    """A rank that does not hold OMNIVIDEO_SECRET cannot join an operator's world; without a secret, or without the
+    address to bind, rank 0 does not start at all."""
+    import threading
+
+    from omnivideo.parallel import rendezvous
+
+    pool_mod.stop_pool()
+    port = _free_port()
+    env = _operator_env(monkeypatch, port, 2)
+    outcome: list[BaseException | None] = []
+
+    def start():
+        try:
+            pool_mod.ensure_pool(2)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    rank_0 = threading.Thread(target=start)
+    rank_0.start()
+    intruder = None
+    for _ in range(100):  # until rank 0 listens
+        try:
+            intruder = rendezvous.client_store("127.0.0.1", port, 2, 1.0)
+            break
+        except Exception:
+            time.sleep(0.1)
+    assert intruder is not None
+    rendezvous.prove(intruder, "a guess of sixteen or more characters", 1)
+    rank_0.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], PermissionError), outcome
+    assert "does not hold this pool's secret" in str(outcome[0])
+    assert pool_mod.current_pool() is None
+
+    monkeypatch.setenv("OMNIVIDEO_SECRET", "short")
+    with pytest.raises(ValueError, match="need OMNIVIDEO_SECRET"):
+        pool_mod.ensure_pool(2)
+    monkeypatch.setenv("OMNIVIDEO_SECRET", env["OMNIVIDEO_SECRET"])
+    monkeypatch.delenv("OMNIVIDEO_MASTER_ADDR")
+    with pytest.raises(ValueError, match="OMNIVIDEO_MASTER_ADDR is not"):
+        pool_mod.ensure_pool(2)
 
 
 def test_parallel_node_checks_the_heads_before_starting_workers(tmp_path, monkeypatch):

@@ -42,10 +42,7 @@ def ensure_workers(model) -> WorkerPool:
             "load MiniMax-H3 with dtype 'auto', 'bf16', 'fp16' or 'fp32' for a world size above 1"
         )
     pool = ensure_pool(model.world_size)
-    key = model_key(model)
-    for other in [k for k in pool.models if k.startswith(FAMILY) and k != key]:
-        del pool.models[other]  # the workers drop it when they load this one (see `load`)
-    pool.ensure_model(key, "h3.load", args)
+    pool.ensure_model(model_key(model), "h3.load", args)  # the workers drop another H3 one (see `load`)
     return pool
 
 
@@ -98,7 +95,7 @@ class _HeldCancel:
 @operation("h3.load")
 def load(world: World, models: dict, args: dict, tensors: dict) -> None:
     for other in [k for k in models if k.startswith(FAMILY)]:
-        del models[other]  # one H3 transformer per worker: rank 0 forgot the others (`ensure_workers`)
+        del models[other]  # one H3 transformer per worker: rank 0 forgot the others (`WorkerPool.ensure_model`)
     transformer = load_transformer(Path(args["folder"]), args["transformer_file"], dtype_named(args["dtype"]))
     models[args["key"]] = transformer.to(world.device)
 
