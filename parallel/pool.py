@@ -28,8 +28,11 @@ import threading
 import time
 from pathlib import Path
 
+import torch.distributed as dist
+
 from .. import compat
 from ..backends import PLATFORM, loopback_environment
+from ..models.handles import describe_weights
 from . import rendezvous
 from . import world as world_mod
 
@@ -81,7 +84,7 @@ class WorkerPool:
         self.world: world_mod.World | None = None
         self.models: dict[str, str] = {}  # key -> what it is (no path), loaded on every worker
         self._folder: str | None = None  # a local pool's private folder: its store and the workers' logs
-        self._store = None
+        self._store: dist.Store | None = None  # kept while the world lives
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -91,23 +94,25 @@ class WorkerPool:
         try:
             if self.operator:
                 secret = rendezvous.operator_secret()
-                self._store = rendezvous.master_store(*rendezvous.operator_address(), self.size)
+                store = rendezvous.master_store(*rendezvous.operator_address(), self.size)
                 bind: dict[str, str] = {}  # the operator chooses the interfaces (GLOO_SOCKET_IFNAME, ...)
             else:
                 secret = rendezvous.new_secret()
                 self._folder = tempfile.mkdtemp(prefix="omnivideo-workers-")  # mode 0700
-                self._store = rendezvous.file_store(os.path.join(self._folder, "store"), self.size)
+                store = rendezvous.file_store(os.path.join(self._folder, "store"), self.size)
                 bind = loopback_environment(PLATFORM)
-            nonce = rendezvous.publish_nonce(self._store)
+            self._store = store
+            nonce = rendezvous.publish_nonce(store)
             if not self.operator:
                 self._spawn(secret, bind)
             rendezvous.await_proofs(
-                self._store, secret, nonce, range(1, self.size), timeout_s=start_timeout_s(), check=self._check_start
+                store, secret, nonce, range(1, self.size), timeout_s=start_timeout_s(), check=self._check_start
             )
             with rendezvous.environment(bind):
                 self.world = world_mod.join(
-                    rank=0, size=self.size, local_rank=0, store=self._store, timeout_s=world_mod.timeout_s()
+                    rank=0, size=self.size, local_rank=0, store=store, timeout_s=world_mod.timeout_s()
                 )
+            del store  # the pool's reference is the one `shutdown` drops
         except BaseException:
             self.shutdown(ask=False)
             raise
@@ -171,9 +176,8 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait()
-        self.workers, self.world, self.models = [], None, {}
-        world_mod.leave()
-        self._store = None  # a TCPStore stops listening
+        self.workers, self.world, self.models, self._store = [], None, {}, None
+        world_mod.leave()  # the last reference to the store: a TCPStore stops listening
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -202,7 +206,7 @@ class WorkerPool:
                 f"parallel ranks {failed} could not load the model (the reason is in their logs"
                 + ("; ComfyUI's log has their ends)" if not self.operator else ")")
             )
-        self.models[key] = family + Path(str(args.get("path") or args.get("folder") or "")).name
+        self.models[key] = describe_weights(family[:-1], args)
 
     @contextlib.contextmanager
     def job(self):

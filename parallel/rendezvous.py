@@ -116,10 +116,16 @@ def publish_nonce(store: dist.Store) -> str:
     return nonce
 
 
-def prove(store: dist.Store, secret: str, rank: int) -> None:
-    """A worker's answer to rank 0's nonce (it waits for the nonce as long as the store's timeout)."""
+def prove(store: dist.Store, secret: str, rank: int, ended: str | None = None) -> str:
+    """A worker's answer to rank 0's nonce (it waits for the nonce as long as the store's timeout); returns the
+    nonce, which names the world. `ended`: the nonce of a world this rank has left, whose store may not be closed
+    yet: a RuntimeError rather than an answer to it."""
     store.wait([NONCE_KEY])
-    store.set(_proof_key(rank), _proof(secret, store.get(NONCE_KEY).decode(), rank))
+    nonce = store.get(NONCE_KEY).decode()
+    if nonce == ended:
+        raise RuntimeError("rank 0 has not made its next world yet")
+    store.set(_proof_key(rank), _proof(secret, nonce, rank))
+    return nonce
 
 
 def await_proofs(

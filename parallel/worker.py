@@ -101,15 +101,18 @@ def _serve_operator_rank(rank: int, size: int, local_rank: int) -> None:
     world ends (rank 0's server restarted, a failed run tore the world down), to join the next."""
     secret = rendezvous.operator_secret()
     address, port = rendezvous.operator_address()
+    world_nonce = None
     while True:
         try:
             store = rendezvous.client_store(address, port, size, REJOIN_WAIT_S)
-            rendezvous.prove(store, secret, rank)
+            world_nonce = rendezvous.prove(store, secret, rank, ended=world_nonce)
             world = world_mod.join(
                 rank=rank, size=size, local_rank=local_rank, store=store, timeout_s=world_mod.timeout_s()
             )
         except (RuntimeError, TimeoutError) as exc:  # no rank 0 yet, or it went away while we joined
             log.info("rank %d: waiting for rank 0 at %s:%d (%s)", rank, address, port, str(exc).splitlines()[0])
+            store = None
+            world_mod.leave()
             time.sleep(1.0)
             continue
         log.info("rank %d of %d on %s joined rank 0", rank, size, world.device)
@@ -119,5 +122,5 @@ def _serve_operator_rank(rank: int, size: int, local_rank: int) -> None:
         except Exception as exc:
             log.warning("rank %d: the world ended (%s); waiting to join the next", rank, str(exc).splitlines()[0])
         finally:
-            store = None
+            del store, world  # no reference may keep a group's sockets open: the other ranks wait on them
             world_mod.leave()

@@ -7,6 +7,7 @@ unpickled: a message is JSON plus raw tensor bytes with the dtype and shape from
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -128,8 +129,12 @@ def join(*, rank: int, size: int, local_rank: int, store: dist.Store, timeout_s:
 
 
 def leave() -> None:
+    """Leave the world. The groups' sockets close only with their last reference, and ranks blocked on them wait
+    until they do: the caller drops its `World` first, what is left over is collected here."""
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
 
 
 def timeout_s() -> float:

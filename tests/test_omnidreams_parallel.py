@@ -189,8 +189,8 @@ def test_workers_started_by_torchrun_join_rank_0_and_outlive_its_worlds(tmp_path
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port())]
         + [str(entry)],
         env={**os.environ, **env, "OMNIVIDEO_WORKER": "1"},
-        stdout=open("/tmp/torchrun.log", "w"),
-        stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         parallel = _sample(_handle(tmp_path, TINY_4_HEADS, 4), cond, frames=13)
@@ -209,8 +209,12 @@ def test_workers_started_by_torchrun_join_rank_0_and_outlive_its_worlds(tmp_path
         assert torchrun.poll() is None
     finally:
         pool_mod.stop_pool()
-        torchrun.kill()
-        torchrun.wait()
+        torchrun.terminate()  # torchrun stops its ranks (they run in sessions of their own)
+        try:
+            torchrun.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            torchrun.kill()
+            torchrun.wait()
 
 
 def test_operator_ranks_need_the_secret(monkeypatch):

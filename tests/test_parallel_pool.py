@@ -54,3 +54,42 @@ def test_workers_end_with_rank_0(how):
     finally:
         proc.kill()
         proc.wait()
+
+
+PROBED_POOL = """
+import sys
+from omnivideo.parallel import pool
+p = pool.ensure_pool(3)
+print(" ".join(map(str, p.pids)), flush=True)
+sys.stdin.readline()  # the test has tried every socket
+with p.job() as world:
+    world.send("release")  # a message every worker must read in step
+pool.stop_pool()
+print("still in step", flush=True)
+"""
+
+
+def test_a_pool_listens_on_loopback_only_and_strangers_get_nothing():
+    """Every socket rank 0 and its workers listen on is a loopback one (the rendezvous is a file in the pool's own
+    folder, gloo is bound to loopback), and a loopback client that knows nothing of the pool can neither read from
+    nor write to any of them: the workers then still read rank 0's messages in step."""
+    from support.listening import is_loopback, listening, speaks_to_a_stranger
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBED_POOL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        sockets = {pid: listening(pid) for pid in [proc.pid, *pids]}
+        assert all(sockets.values()), sockets  # each rank listens (gloo), so the check below checks something
+        assert all(is_loopback(address) for found in sockets.values() for address, _ in found), sockets
+        strangers = {port: speaks_to_a_stranger(port) for found in sockets.values() for _, port in found}
+        assert not any(strangers.values()), strangers
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "still in step"
+        assert proc.wait(timeout=60) == 0
+        assert _gone(pids, within=15)
+    finally:
+        proc.kill()
+        proc.wait()

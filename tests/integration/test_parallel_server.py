@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
+from support.listening import is_loopback, listening, speaks_to_a_stranger  # noqa: E402
 from test_omnidreams_stream_server import (  # noqa: E402
     HEIGHT,
     WIDTH,
@@ -104,8 +105,17 @@ def test_parallel_rollout_equals_one_process_and_reuses_its_workers(comfy_server
     diff = float((parallel - single).abs().max())
     assert diff <= 1e-4, diff  # the latents agree to 1e-5; the VAE decode keeps that
 
+    # a server started for loopback opens nothing else: every socket of it and its worker is a loopback one (no
+    # rendezvous socket at all, gloo bound to loopback), and a loopback stranger gets nothing from any of them
+    sockets = {pid: listening(pid) for pid in [comfy_server.proc.pid, *pids]}
+    assert all(is_loopback(address) for found in sockets.values() for address, _ in found), sockets
+    assert listening(pids[0]), sockets  # the worker listens (gloo): the check above checked something
+    http_port = int(comfy_server.url.rsplit(":", 1)[1])
+    ours = [port for found in sockets.values() for _, port in found if port != http_port]
+    assert not any(speaks_to_a_stranger(port) for port in ours), sockets
+
     again = _images(comfy_server, sampler_graph(2, vae_file, f"cp2b_{tag}"))  # the graph changed: runs again
-    assert worker_pids(comfy_server) == pids  # the same worker, not a new one
+    assert worker_pids(comfy_server) == pids  # the same worker, not a new one, still in step after the strangers
     assert float((again - parallel).abs().max()) == 0.0
     report.append(f"parallel: world 2 vs 1 over /prompt, max |diff| {diff:.1e} (images); first run {first:.1f} s")
 
@@ -141,7 +151,7 @@ def test_interrupt_keeps_the_workers_and_unload_models_stops_them(comfy_server, 
     assert worker_pids(comfy_server) == pids
 
     info = comfy_server.run({"1": {"class_type": "OmniVideoBackendInfo", "inputs": {}}})["outputs"]["1"]["text"][0]
-    assert "parallel: running, world size 2" in info and str(pids[0]) in info, info
+    assert "parallel: running, world size 2" in info and str(pids[0]) not in info, info  # no pid in /history
 
     events, _ = follow(comfy_server, cp_stream_graph(2, vae_file, f"omnidreams/cpk_{tag}", 2))
     assert events[-1][0] == "execution_success", events[-1]
