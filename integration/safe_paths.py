@@ -19,6 +19,7 @@ import re
 import reprlib
 import tempfile
 from collections.abc import Callable
+from typing import BinaryIO
 
 from .. import compat
 
@@ -245,6 +246,12 @@ def _run_check(accept: Accept, path: str) -> str | None:
 def output_file_path(name: str, ext: str, what: str = "save_as") -> tuple[str, str]:
     """(folder, file name) under ComfyUI's output folder for `name` (+ `ext` if missing), checked without
     writing anything: call it before heavy work so a bad name fails first."""
+    _, folder, file = _output_target(name, ext, what)
+    return folder, file
+
+
+def _output_target(name: str, ext: str, what: str) -> tuple[str, str, str]:
+    """(output folder, folder of the file, file name) for `name`, both folders resolved (no symlink left in them)."""
     name = name.strip() if isinstance(name, str) else name
     problem = name_problem(name)
     if problem is not None:
@@ -264,7 +271,7 @@ def output_file_path(name: str, ext: str, what: str = "save_as") -> tuple[str, s
             f"{what} {name!r} was refused: it leads outside ComfyUI's output folder (through a "
             f"symbolic link). Give a plain file name such as my_prompt{ext}."
         )
-    return folder, parts[-1]
+    return root, folder, parts[-1]
 
 
 def resolve_output_file(name: str, ext: str, what: str) -> str:
@@ -299,24 +306,57 @@ def write_output_file(name: str, ext: str, write: Callable[[str], object], what:
 
 
 def reserve_output_file(name: str, ext: str, what: str = "save_as") -> str:
-    """Create a new, empty file `name` (+ `ext` if missing) under ComfyUI's output folder and return its path.
+    """Create a new, empty file `name` (+ `ext` if missing) under ComfyUI's output folder and return its path, for
+    a caller that replaces it (`write_output_file`); one that writes it in place takes `create_output_file`."""
+    created = create_output_file(name, ext, what)
+    created.file.close()
+    return created.path
+
+
+class NewOutputFile:
+    """A file `create_output_file` made, open for writing through the descriptor that created it: what is put at
+    its path afterwards (a symbolic link, another file) is never written, nor removed by `discard`."""
+
+    def __init__(self, path: str, subfolder: str, file: BinaryIO):
+        self.path = path
+        self.subfolder = subfolder  # its folder relative to the output folder ("" at the top), as /view takes it
+        self.file = file
+
+    def discard(self) -> None:
+        """Close the file and remove it, if its path still leads to it."""
+        with self.file:
+            ours = os.fstat(self.file.fileno())
+            try:
+                there = os.lstat(self.path)
+            except FileNotFoundError:
+                return
+            if (there.st_dev, there.st_ino) == (ours.st_dev, ours.st_ino):
+                os.unlink(self.path)
+
+
+def create_output_file(name: str, ext: str, what: str = "save_as") -> NewOutputFile:
+    """Create a new, empty file `name` (+ `ext` if missing) under ComfyUI's output folder, open for writing.
 
     An existing file is never replaced: the first free one of `name<ext>`, `name_00001<ext>`, ... is created
-    atomically (O_EXCL, symlinks not followed), so two runs never pick the same name. The caller owns the empty
-    file: it writes it in place (or replaces it) and removes it if nothing comes of it."""
-    folder, file = output_file_path(name, ext, what)
+    atomically (O_EXCL, symlinks not followed), so two runs never pick the same name. The caller owns the file:
+    it writes through `.file` (unbuffered: each write goes to the descriptor), never reopening the path, and calls
+    `.discard()` if nothing comes of it."""
+    root, folder, file = _output_target(name, ext, what)
     os.makedirs(folder, exist_ok=True)
-    return _reserve(folder, file[: -len(ext)], ext, what, name)
+    path, fd = _reserve(folder, file[: -len(ext)], ext, what, name)
+    subfolder = "" if folder == root else os.path.relpath(folder, root)
+    return NewOutputFile(path, subfolder, os.fdopen(fd, "wb", buffering=0))
 
 
-def _reserve(folder: str, stem: str, ext: str, what: str, name: str) -> str:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+def _reserve(folder: str, stem: str, ext: str, what: str, name: str) -> tuple[str, int]:
+    """(path, descriptor open for writing) of the first free `stem<ext>`, `stem_00001<ext>`, ... in `folder`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
     for counter in range(MAX_COUNTER + 1):
         file = f"{stem}{ext}" if counter == 0 else f"{stem}_{counter:05d}{ext}"
         path = os.path.join(folder, file)
         try:
-            os.close(os.open(path, flags, 0o644))
+            fd = os.open(path, flags, 0o644)
         except FileExistsError:
             continue
-        return path
+        return path, fd
     raise PathRefused(f"{what} {name!r}: {MAX_COUNTER} numbered copies already exist; choose another name.")

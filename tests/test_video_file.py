@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from fractions import Fraction
@@ -87,16 +90,6 @@ def test_an_exception_inside_the_with_block_leaves_a_playable_file_with_the_fram
     got, rate, _ = read_video(writer.path)
     assert got.shape[0] == 7 and rate == 30
     assert (got - frames).abs().mean(dim=(1, 2)).max() < 0.03
-
-
-def test_frames_reach_the_file_while_writing_not_only_at_close(comfy_folders):
-    writer = StreamingVideoWriter("live", 30)
-    chunk = torch.rand(10, 128, 128, 3)  # noise: big packets (~10 kB a frame), well past x264's lookahead
-    for _ in range(20):
-        writer.write(chunk)
-    assert os.path.getsize(writer.path) > 2**19  # the muxer writes in blocks of 256 kB
-    writer.close()
-    assert read_video(writer.path)[0].shape[0] == 200
 
 
 def test_close_is_idempotent_and_writing_after_close_is_refused(comfy_folders):
@@ -258,3 +251,165 @@ def test_the_file_opens_as_comfyuis_video(comfy_folders, comfyui_path):
     assert Fraction(result["rate"]) == 30
     images = torch.tensor(result["images"]).view(9, 48, 64, 3)
     assert (images - frames).abs().mean(dim=(1, 2)).max() < 0.03
+
+
+def distinct_frames(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    """Frames each unlike every other (a flat random colour over a gradient): a wrong or shifted frame is off by
+    ~0.15 on average, a right one by H.264's ~0.01."""
+    colours = torch.rand(frames, 1, 1, 3, generator=torch.Generator().manual_seed(seed))
+    return (0.6 * colours + 0.4 * gradient(frames, height, width)).contiguous()
+
+
+def assert_frames_are(got: torch.Tensor, given: torch.Tensor) -> None:
+    """Frame i of `got` is frame i of `given` (within H.264's loss) and closer to it than to any other."""
+    error = (got[:, None] - given[None]).abs().mean(dim=(2, 3, 4))  # [decoded, given]
+    right = error[torch.arange(len(got)), torch.arange(len(got))]
+    assert right.max() < 0.03, right
+    assert torch.equal(error.argmin(dim=1), torch.arange(len(got))), error.argmin(dim=1)
+
+
+def test_the_file_is_complete_after_every_write_not_only_at_close(comfy_folders, tmp_path):
+    """Each write() ends with its frames in a complete fragment of the file: a copy taken then plays them all."""
+    frames = distinct_frames(21, 32, 48)
+    with StreamingVideoWriter("growing", 30) as writer:
+        done = 0
+        for end in (5, 13, 21):  # 5 + 8 + 8, as OmniDreams writes its chunks
+            writer.write(frames[done:end])
+            done = end
+            copy = tmp_path / f"after_{end}.mp4"
+            shutil.copyfile(writer.path, copy)
+            got, rate, codec = read_video(copy)
+            assert got.shape[0] == end and rate == 30 and codec == "h264"
+            assert_frames_are(got, frames[:end])
+    with av.open(writer.path) as container:  # the finished file: its duration is that of its frames
+        assert Fraction(container.duration, av.time_base) == Fraction(21, 30)
+        assert [int(p.pts) for p in container.demux(video=0) if p.size] == [512 * i for i in range(21)]
+
+
+def test_a_link_put_at_the_path_after_the_file_was_made_is_not_followed(comfy_folders, tmp_path):
+    """The writer writes through the descriptor that made the file: a symlink swapped in at its path is neither
+    written through nor removed, and the frames go to the file that was made."""
+    target = tmp_path / "not_ours.mp4"
+    target.write_bytes(b"someone else's")
+    frames = distinct_frames(6, 32, 32)
+    writer = StreamingVideoWriter("swapped", 30)
+    made = tmp_path / "made.mp4"
+    os.link(writer.path, made)  # a second name for the file the writer made
+    os.unlink(writer.path)
+    os.symlink(target, writer.path)
+    writer.write(frames[:3])
+    writer.write(frames[3:])
+    writer.close()
+    assert target.read_bytes() == b"someone else's" and os.readlink(writer.path) == str(target)
+    got, _, _ = read_video(made)
+    assert_frames_are(got, frames)
+
+    empty = StreamingVideoWriter("swapped_empty", 30)  # no frame: close() removes the file only if it is ours
+    os.unlink(empty.path)
+    os.symlink(target, empty.path)
+    empty.close()
+    assert os.path.islink(empty.path) and target.read_bytes() == b"someone else's"
+
+
+class _DiskFullOnce:
+    """The writer's file, whose next write of `after` bytes or more stores only half of them and fails (ENOSPC);
+    `snapshot` gets a copy of the file as it is then: what a process killed mid-write leaves."""
+
+    def __init__(self, file, after: int, path: str, snapshot: Path):
+        self.file, self.after, self.path, self.snapshot = file, after, path, snapshot
+
+    def write(self, data) -> int:
+        if self.after and len(data) >= self.after:
+            self.after = 0
+            self.file.write(data[: len(data) // 2])
+            shutil.copyfile(self.path, self.snapshot)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def test_a_fragment_cut_off_midway_leaves_the_earlier_ones_playable_and_a_failed_write_is_undone(
+    comfy_folders, tmp_path
+):
+    frames = distinct_frames(13, 32, 32)
+    writer = StreamingVideoWriter("full_disk", 30)
+    writer.write(frames[:5])
+    size = os.path.getsize(writer.path)
+    cut = tmp_path / "cut.mp4"
+    writer._file.file = _DiskFullOnce(writer._file.file, 100, writer.path, cut)
+    with pytest.raises(OSError, match="No space left"):
+        writer.write(frames[5:])
+    assert os.path.getsize(cut) > size  # half a fragment (a free box until it is complete): readers skip it
+    got, _, _ = read_video(cut)
+    assert_frames_are(got, frames[:5])
+    assert os.path.getsize(writer.path) == size  # the failed write is undone
+    writer.close()  # the disk has room again: the frames still held are written
+    got, _, _ = read_video(writer.path)
+    assert_frames_are(got, frames)
+
+
+KILLED_WRITER = """
+import sys
+import torch
+from omnivideo import compat
+
+compat.output_directory = lambda: sys.argv[1]
+from omnivideo.integration.video_file import StreamingVideoWriter
+
+chunks = torch.load(sys.argv[2])
+writer = StreamingVideoWriter("killed", 30)  # never closed: the process is killed while writing
+print(writer.path, flush=True)
+for index, chunk in enumerate(chunks):
+    writer.write(chunk)
+    print(index, flush=True)
+"""
+
+
+def test_a_killed_process_leaves_a_file_with_every_finished_chunk(comfy_folders, tmp_path):
+    """kill -9 while a long stream is being written: the file plays every chunk whose write() had returned."""
+    frames = distinct_frames(5 + 8 * 199, 48, 64)
+    chunks = [frames[:5], *frames[5:].split(8)]
+    torch.save(chunks, tmp_path / "chunks.pt")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(comfy_folders.output), str(tmp_path / "chunks.pt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        path = child.stdout.readline().strip()
+        finished = [child.stdout.readline().strip() for _ in range(3)]
+        assert finished == ["0", "1", "2"], (finished, child.stderr.read()[-3000:] if child.poll() else "")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        finished += child.stdout.read().split()  # chunks the process reported before the kill landed
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert len(finished) < len(chunks), "the process finished before it was killed"
+    got, rate, _ = read_video(path)
+    reported = 5 + 8 * (len(finished) - 1)
+    assert reported <= got.shape[0] <= reported + 8 and rate == 30  # and at most the chunk being written
+    assert_frames_are(got, frames[: got.shape[0]])
+
+
+def test_the_subfolder_is_relative_to_a_linked_output_folder(tmp_path, monkeypatch):
+    """ComfyUI's output folder may be a link (output -> ../outtest/omnidreams): the subfolder /view gets is the
+    file's folder inside it, not a path that climbs out of the link."""
+    from omnivideo import compat
+
+    real = tmp_path / "outtest" / "omnidreams"
+    real.mkdir(parents=True)
+    (tmp_path / "comfyui").mkdir()
+    linked = tmp_path / "comfyui" / "output"
+    linked.symlink_to(Path("..") / "outtest" / "omnidreams", target_is_directory=True)
+    monkeypatch.setattr(compat, "output_directory", lambda: str(linked))
+    with StreamingVideoWriter("runs/day1/stream", 30) as nested, StreamingVideoWriter("top", 30) as top:
+        nested.write(gradient(1, 16, 16))
+        top.write(gradient(1, 16, 16))
+    assert (nested.subfolder, os.path.basename(nested.path)) == (os.path.join("runs", "day1"), "stream.mp4")
+    assert (top.subfolder, os.path.basename(top.path)) == ("", "top.mp4")
+    assert (linked / nested.subfolder / "stream.mp4").is_file() and (real / "top.mp4").is_file()
