@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import torch
 
+from .. import compat
+
 MAX_HEADER_BYTES = 64 << 20  # a safetensors header larger than this is refused (real ones are < 10 MB)
 MAX_CONFIG_BYTES = 1 << 20
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save since 1.6
@@ -86,9 +88,37 @@ def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {key: tuple(tensor.shape) for key, tensor in model.state_dict().items()}
 
 
-def shown_name(path: str) -> str:
-    """The file and its folder (vae/diffusion_pytorch_model.safetensors): enough to find it, no full path."""
-    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+# ComfyUI's model folders the pack's nodes pick files and folders from (integration/safe_paths resolves names there)
+MODEL_KINDS = ("diffusers", "diffusion_models", "text_encoders")
+SHOWN_PARTS = 3  # parts of a path outside ComfyUI's folders that a message shows (my_h3/vae/weights.safetensors)
+
+
+def shown_name(path: str | os.PathLike) -> str:
+    """How a message names a model file or folder: as the user picks it, relative to ComfyUI's folder for its kind
+    (diffusers/my_h3/vae/diffusion_pytorch_model.safetensors). Never an absolute path: node errors and texts reach
+    ComfyUI's /history. Outside ComfyUI's folders (standalone use, a torchrun worker): its last SHOWN_PARTS parts."""
+    path = os.path.abspath(path)
+    under = [(root, kind) for kind in MODEL_KINDS for root in map(os.path.abspath, compat.model_folder_roots(kind))]
+    for root, kind in sorted(under, key=lambda rk: -len(rk[0])):  # the deepest root holding it
+        if _is_under(path, root):
+            return "/".join([kind, *_split(os.path.relpath(path, root))])
+    return "/".join(_split(path)[-SHOWN_PARTS:])
+
+
+def shown_in(text: str, path: str | os.PathLike) -> str:
+    """Another library's message (transformers names the absolute folder) with `path` named as `shown_name` does."""
+    return text.replace(os.path.abspath(path), shown_name(path))
+
+
+def _is_under(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # another drive (Windows)
+        return False
+
+
+def _split(path: str) -> list[str]:
+    return [p for p in path.replace(os.sep, "/").split("/") if p not in ("", ".")]
 
 
 def _damaged(path: str, kind: str, err: BaseException | str) -> CheckpointError:
@@ -157,7 +187,7 @@ def read_safetensors(path: str) -> dict[str, torch.Tensor]:
 
 def read_torch_file(path: str):
     """A torch.save file (zip or legacy), weights only: a pickle that would run code is refused, not run."""
-    name = os.path.basename(path)
+    name = shown_name(path)
     with open(path, "rb") as f:
         head = f.read(4)
     if head != ZIP_MAGIC and head[:1] != PICKLE_PROTO:
@@ -179,14 +209,16 @@ def read_torch_file(path: str):
 def read_json(path: str) -> dict:
     """A small JSON object (config.json); refuses files over MAX_CONFIG_BYTES."""
     if os.path.getsize(path) > MAX_CONFIG_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; it is not a config file.")
+        raise CheckpointError(
+            f"{shown_name(path)} is larger than {MAX_CONFIG_BYTES >> 20} MiB; it is not a config file."
+        )
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err}).") from None
+        raise CheckpointError(f"{shown_name(path)} is not valid JSON ({err}).") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object.")
+        raise CheckpointError(f"{shown_name(path)} does not hold a JSON object.")
     return data
 
 

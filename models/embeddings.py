@@ -3,11 +3,9 @@ A family names the tensor that marks its embeddings (`key`) and the node that ma
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .checkpoint_io import read_safetensors, safetensors_keys
+from .checkpoint_io import read_safetensors, safetensors_keys, shown_name
 
 
 def save_embedding_file(path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
@@ -39,6 +37,6 @@ def read_embedding_file(path: str, key: str, made_by: str) -> dict[str, torch.Te
     if key not in tensors:
         shown = ", ".join(list(tensors)[:5]) + (", ..." if len(tensors) > 5 else "")
         raise ValueError(
-            f"{os.path.basename(str(path))} holds no '{key}' tensor (keys: {shown}); make it with {made_by}'s save_as."
+            f"{shown_name(path)} holds no '{key}' tensor (keys: {shown}); make it with {made_by}'s save_as."
         )
     return tensors

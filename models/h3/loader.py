@@ -38,6 +38,7 @@ from ..checkpoint_io import (
     dequantize_scaled_fp8,
     read_json,
     read_safetensors,
+    shown_name,
 )
 from ..handles import H3Model
 from .geometry import H3Geometry
@@ -59,7 +60,7 @@ class H3LoadError(ValueError):
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise H3LoadError(f"{path} is missing.")
+        raise H3LoadError(f"{shown_name(path)} is missing.")
     try:
         return read_json(str(path))
     except CheckpointError as exc:
@@ -69,9 +70,10 @@ def _read_json(path: Path) -> dict:
 def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = True) -> Path:
     """Raise a message naming what is wrong or missing in a diffusers-format H3 folder."""
     root = Path(root)
+    shown = shown_name(root)
     if not root.is_dir():
         raise H3LoadError(
-            f"'{root}' is not a folder. Put the diffusers-format MiniMax-H3 folder "
+            f"'{shown}' is not a folder. Put the diffusers-format MiniMax-H3 folder "
             "(transformer/, vae/, audio_vae/, scheduler/, audio_scheduler/) under models/diffusers/."
         )
     cfg = root / "transformer" / "config.json"
@@ -79,7 +81,7 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
         name = _read_json(cfg).get("_class_name")
         if name != "MiniMaxH3Transformer3DModel":
             raise H3LoadError(
-                f"'{root}' holds a {name} transformer, not MiniMax-H3 (MiniMaxH3Transformer3DModel). "
+                f"'{shown}' holds a {name} transformer, not MiniMax-H3 (MiniMaxH3Transformer3DModel). "
                 "Pick the MiniMax-H3 folder."
             )
     elif need_transformer_weights:
@@ -89,7 +91,7 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
             else ""
         )
         raise H3LoadError(
-            f"'{root}' has no transformer/config.json{hint}; this is not a diffusers-format "
+            f"'{shown}' has no transformer/config.json{hint}; this is not a diffusers-format "
             "MiniMax-H3 folder, or choose a single-file transformer from diffusion_models."
         )
     missing = [sub for sub in ("vae", "audio_vae") if not (root / sub / "config.json").is_file()]
@@ -102,7 +104,7 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
     ]
     if missing:
         raise H3LoadError(
-            f"'{root}' is missing: {', '.join(missing)}. Download the complete MiniMax-H3 "
+            f"'{shown}' is missing: {', '.join(missing)}. Download the complete MiniMax-H3 "
             "diffusers folder (MiniMaxAI/MiniMax-H3) into models/diffusers/."
         )
     return root
@@ -126,7 +128,7 @@ def _weight_files(folder: Path) -> list[Path]:
         absent = [n for n in names if not (folder / n).is_file()]
         if absent:
             raise H3LoadError(
-                f"{folder} lists shards that are not there: {', '.join(absent[:3])}"
+                f"{shown_name(folder)} lists shards that are not there: {', '.join(absent[:3])}"
                 f"{'…' if len(absent) > 3 else ''}. Finish the download."
             )
         return [folder / n for n in names]
@@ -185,8 +187,8 @@ def load_component(root: Path, sub: str, dtype: torch.dtype):
     config = _read_json(root / sub / "config.json")
     files = _weight_files(root / sub)
     if not files:
-        raise H3LoadError(f"{root / sub} has no *.safetensors weights.")
-    return build_component(CLASSES[sub], config, _read_state_dict(files), dtype, str(root / sub))
+        raise H3LoadError(f"{shown_name(root / sub)} has no *.safetensors weights.")
+    return build_component(CLASSES[sub], config, _read_state_dict(files), dtype, shown_name(root / sub))
 
 
 def convert_single_file(
@@ -201,14 +203,17 @@ def convert_single_file(
     sd = dequantize_scaled_fp8(sd, dtype)
     if "adaln_t_table" in sd:
         raise H3LoadError(
-            f"{path} is a pruned MiniMax-H3 checkpoint: it stores adaln_t_table {tuple(sd['adaln_t_table'].shape)} "
+            f"{shown_name(path)} is a pruned MiniMax-H3 checkpoint: it stores adaln_t_table "
+            f"{tuple(sd['adaln_t_table'].shape)} "
             "instead of the time_embedder, which diffusers' MiniMaxH3Transformer3DModel cannot run. "
             "Use the unpruned single file (Comfy-Org/MiniMax-H3) or the MiniMaxAI/MiniMax-H3 diffusers folder."
         )
     if ORIGINAL_KEY in sd:
         sd = convert_minimax_h3_transformer_checkpoint_to_diffusers(sd, config)
     elif "transformer_blocks.0.attn.to_q.weight" not in sd:
-        raise H3LoadError(f"{path} is not a MiniMax-H3 transformer (no {ORIGINAL_KEY} or diffusers block keys).")
+        raise H3LoadError(
+            f"{shown_name(path)} is not a MiniMax-H3 transformer (no {ORIGINAL_KEY} or diffusers block keys)."
+        )
     return sd
 
 
@@ -237,9 +242,10 @@ def geometry_of(transformer, vae, audio_vae) -> H3Geometry:
     )
 
 
-def latent_norm_of(vae, audio_vae) -> dict:
+def latent_norm_of(vae, audio_vae, audio_config: str = "audio_vae/config.json") -> dict:
+    """`audio_config`: how an error names the audio VAE's config.json."""
     if audio_vae.config.latents_mean is None or audio_vae.config.latents_std is None:
-        raise H3LoadError("audio_vae/config.json has no latents_mean / latents_std; the H3 audio VAE needs both.")
+        raise H3LoadError(f"{audio_config} has no latents_mean / latents_std; the H3 audio VAE needs both.")
     return {
         "video_mean": list(vae.config.latents_mean),
         "video_std": list(vae.config.latents_std),
@@ -292,7 +298,7 @@ def load_h3(
         dtype=dtype,
         attention=attention,
         geometry=geometry_of(transformer, vae, audio_vae),
-        latent_norm=latent_norm_of(vae, audio_vae),
+        latent_norm=latent_norm_of(vae, audio_vae, shown_name(root / "audio_vae" / "config.json")),
         scheduler_config=video_cfg,
         audio_scheduler_config=audio_cfg,
         source=str(root),
@@ -313,7 +319,7 @@ def load_transformer(
         config,
         convert_single_file(transformer_file, config, dtype),
         dtype,
-        str(transformer_file),
+        shown_name(transformer_file),
     )
 
 

@@ -19,7 +19,7 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
 
 from ... import compat
-from ..checkpoint_io import read_json
+from ..checkpoint_io import read_json, shown_in, shown_name
 from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
@@ -79,7 +79,7 @@ def load_text_encoder(
     problem = encoder_folder_problem(folder)
     if problem is not None:
         raise ValueError(
-            f"{folder}: {problem}. Put the Qwen3-VL text encoder folder (config, *.safetensors, "
+            f"{shown_name(folder)}: {problem}. Put the Qwen3-VL text encoder folder (config, *.safetensors, "
             "tokenizer and preprocessor files) under models/text_encoders/."
         )
     model_dir, tok_dir, proc_dir = _parts(folder)
@@ -87,7 +87,7 @@ def load_text_encoder(
     n_layers = cfg.get("text_config", {}).get("num_hidden_layers", 0)
     if n_layers <= layer:
         raise ValueError(
-            f"hidden layer {layer} needs more than {layer} decoder layers; {model_dir} has {n_layers}. "
+            f"hidden layer {layer} needs more than {layer} decoder layers; {shown_name(model_dir)} has {n_layers}. "
             "Lower the layer input or use the full Qwen3-VL-32B encoder (64 layers, layer 50)."
         )
     try:
@@ -95,7 +95,9 @@ def load_text_encoder(
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
         processor = Qwen3VLProcessor.from_pretrained(proc_dir, tokenizer=tokenizer, local_files_only=True)
     except OSError as exc:
-        raise FileNotFoundError(f"Qwen3-VL files missing under {folder}: {exc}") from None
+        raise FileNotFoundError(
+            f"Qwen3-VL files missing under {shown_name(folder)}: {shown_in(str(exc), folder)}"
+        ) from None
     device = device or torch.device("cpu")
     compat.make_castable(model, compat.operations(dtype, dtype, device))
     patcher = compat.manage(model.eval().requires_grad_(False), "text_encoder", device)
@@ -153,7 +155,7 @@ def embedding_problem(path: str) -> str | None:
 
 def load_embedding(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
     """(embedding [1, N, D], row tags [N]) from `save_embedding` (tags default to text rows)."""
-    name = os.path.basename(str(path))
+    name = shown_name(path)
     tensors = read_embedding_file(str(path), EMBEDDING_KEY, MADE_BY)
     emb = tensors[EMBEDDING_KEY]
     if emb.ndim == 2:

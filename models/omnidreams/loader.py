@@ -22,6 +22,7 @@ from ..checkpoint_io import (
     dequantize_scaled_fp8,
     read_safetensors,
     read_torch_file,
+    shown_name,
     store_weights,
 )
 from .dit import OmniDreamsConfig, OmniDreamsDiT
@@ -31,7 +32,7 @@ PREFIX = "net."
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors or torch.save file, without executing any pickled code."""
-    name = os.path.basename(path)
+    name = shown_name(path)
     sd = read_safetensors(path) if path.endswith(".safetensors") else read_torch_file(path)
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(
@@ -150,5 +151,5 @@ def weights_recipe(path: str, dtype: torch.dtype, weight_dtype: torch.dtype) -> 
 
 def load_omnidreams(path: str, dtype: torch.dtype, weight_dtype: torch.dtype, operations=nn) -> OmniDreamsDiT:
     return build_dit(
-        read_state_dict(path), dtype, weight_dtype=weight_dtype, operations=operations, name=os.path.basename(path)
+        read_state_dict(path), dtype, weight_dtype=weight_dtype, operations=operations, name=shown_name(path)
     )
