@@ -9,7 +9,7 @@ from .. import compat
 from ..compat import io
 from ..integration import safe_paths
 from ..integration.video_file import StreamingVideoWriter
-from ..pipelines.omnidreams_stream import StreamState, stream
+from ..pipelines.omnidreams_stream import SavedState, StateFileError, StreamState, read_state_file, stream
 from ..pipelines.wan_decode import FUSION_CHOICES
 from .sampling import SEED_MAX
 from .types import ConditioningType, ModelType
@@ -24,16 +24,19 @@ def _state_file(name: str) -> str:
 
 
 def _checked_resume_from(name) -> bool | str:
+    """The file inside the output folder and a stream state by its header (bounded: nothing else is read)."""
     if not isinstance(name, str) or not name.strip():
         return True
-    return safe_paths.validated(_state_file, name)
+    try:
+        read_state(name)
+    except (safe_paths.PathRefused, StateFileError) as err:
+        return str(err)
+    return True
 
 
-def load_state(path: str) -> StreamState:
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt") as f:
-        return StreamState({k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {}))
+def read_state(name: str) -> SavedState:
+    """resume_from's file, checked from its header (the tensors are loaded once the run has checked them too)."""
+    return read_state_file(_state_file(name), f"resume_from {name!r}")
 
 
 def save_state(name: str, state: StreamState) -> str:
@@ -43,6 +46,13 @@ def save_state(name: str, state: StreamState) -> str:
     return safe_paths.write_output_file(
         name, STATE_EXT, lambda tmp: save_file(tensors, tmp, metadata=state.metadata), what="save_state_as"
     )
+
+
+def _in_output(path: str) -> str:
+    """A written file's name as texts show it, relative to the output folder (as resume_from takes it): the texts
+    reach the UI and errors /history, where no absolute path belongs."""
+    output = os.path.realpath(compat.output_directory())  # the written paths are resolved (a linked output folder)
+    return os.path.relpath(os.path.realpath(path), output).replace(os.sep, "/")
 
 
 class OmniDreamsStream(io.ComfyNode):
@@ -124,7 +134,7 @@ class OmniDreamsStream(io.ComfyNode):
             )
         if save_state_as.strip():
             safe_paths.output_file_path(save_state_as, STATE_EXT, "save_state_as")  # a bad name fails first
-        resume = load_state(_state_file(resume_from)) if resume_from.strip() else None
+        resume = read_state(resume_from) if resume_from.strip() else None
         writer = StreamingVideoWriter(filename_prefix, FPS)  # reserves the file: a bad name fails here
         try:
             with writer:
@@ -145,17 +155,20 @@ class OmniDreamsStream(io.ComfyNode):
         except BaseException as exc:  # ComfyUI 0.33's cancel is a BaseException, 0.3.64's an Exception
             if writer.frames_written == 0 or not (isinstance(exc, Exception) or compat.is_interrupt(exc)):
                 raise
-            kept = f"{writer.frames_written} frames kept in {writer.path} (every finished chunk; it plays)"
+            kept = (
+                f"{writer.frames_written} frames kept in {_in_output(writer.path)} in the output folder "
+                "(every finished chunk; it plays)"
+            )
             if compat.is_interrupt(exc):
                 compat.show_text(f"OmniDreams Stream cancelled: {kept}")
                 raise
             raise RuntimeError(f"{exc} -- {kept}") from exc
-        text = f"{result.frames} frames ({result.chunks} chunks) in {writer.path}"
+        text = f"{result.frames} frames ({result.chunks} chunks) in {_in_output(writer.path)} in the output folder"
         if save_state_as.strip() and result.state is not None:  # None only in a parallel run (refused above)
-            text += f"; state saved to {save_state(save_state_as, result.state)}"
+            text += f"; state saved as {_in_output(save_state(save_state_as, result.state))} (for resume_from)"
         compat.show_text(text)
-        folder, file = os.path.split(os.path.relpath(writer.path, compat.output_directory()))
-        preview = {"images": [{"filename": file, "subfolder": folder, "type": "output"}], "animated": (True,)}
+        file = {"filename": os.path.basename(writer.path), "subfolder": writer.subfolder, "type": "output"}
+        preview = {"images": [file], "animated": (True,)}
         return io.NodeOutput(compat.video_from_file(writer.path), ui=preview)
 
 

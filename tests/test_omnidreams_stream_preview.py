@@ -25,6 +25,8 @@ def test_the_preview_names_the_file_inside_a_linked_output_folder(tmp_path, monk
     linked.symlink_to(Path("..") / "outtest" / "omnidreams", target_is_directory=True)
     monkeypatch.setattr(compat, "output_directory", lambda: str(linked))
     monkeypatch.setattr(compat, "video_from_file", lambda path: ("VIDEO", path))
+    shown: list[str] = []
+    monkeypatch.setattr(compat, "show_text", shown.append)
 
     def one_chunk(model, conditioning, vae, *, write, **_):
         write(torch.rand(5, 16, 32, 3))
@@ -37,3 +39,4 @@ def test_the_preview_names_the_file_inside_a_linked_output_folder(tmp_path, monk
     assert image == {"filename": "stream.mp4", "subfolder": os.path.join("runs", "day1"), "type": "output"}
     assert (linked / image["subfolder"] / image["filename"]).is_file()  # where ComfyUI's /view looks
     assert out.args[0] == ("VIDEO", str(real / "runs" / "day1" / "stream.mp4"))
+    assert shown == ["5 frames (1 chunks) in runs/day1/stream.mp4 in the output folder"]  # relative, no "../"

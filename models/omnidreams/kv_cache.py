@@ -10,7 +10,13 @@ chunk overwrites that chunk's slot, so after the chunk the slot holds the K/V of
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
+
+# A saved tensor as a file header describes it (read without loading it): key -> (dtype, shape).
+Entries = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+MAX_SAVED_BLOCKS = 1024  # blocks a saved window may name (real models: tens)
 
 
 class BlockWindow:
@@ -88,7 +94,8 @@ class RollingKVCache:
         return self.k[block][:, lo : lo + self.chunk_tokens], self.v[block][:, lo : lo + self.chunk_tokens]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The window (the K/V of the used slots, per block) and how far it is filled."""
+        """The window (the K/V of the used slots, per block) and how far it is filled: `window_state_problem` and
+        `state_problem` check such a state from its header before it is loaded."""
         end = self.used * self.chunk_tokens
         return {
             "used": torch.tensor(self.used),
@@ -96,23 +103,37 @@ class RollingKVCache:
             **{f"v.{i}": v[:, :end] for i, v in enumerate(self.v)},
         }
 
+    def state_entries(self, used: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """What `state_dict` holds when `used` slots are filled: key -> (dtype, shape)."""
+        batch, _, heads, head_dim = self.k[0].shape
+        block = (self.k[0].dtype, (batch, used * self.chunk_tokens, heads, head_dim))
+        return {"used": (torch.int64, ()), **{f"{kv}.{i}": block for kv in "kv" for i in range(len(self.k))}}
+
+    def state_problem(self, entries: Entries, used: int) -> str | None:
+        """What keeps a saved window out of this cache (its blocks, heads, head size, chunk tokens and dtype: this
+        model, size and window settings), None if it fits."""
+        if not 0 <= used <= self.slots:
+            return f"its KV window fills {used} slots, this window has {self.slots}"
+        want = self.state_entries(used)
+        if dict(entries) == want:
+            return None
+        blocks = sum(key.startswith("k.") for key in entries)
+        dtype, shape = entries.get("k.0", (None, ()))
+        need_dtype, need = want["k.0"]
+        return (
+            f"its KV window has {blocks} blocks of {list(shape)} {_dtype_name(dtype)}; this model, size and window "
+            f"settings need {len(self.k)} blocks of {list(need)} {_dtype_name(need_dtype)}"
+        )
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         used = int(state["used"])
-        if not 0 <= used <= self.slots or any(f"k.{i}" not in state for i in range(len(self.k))):
-            raise ValueError(
-                f"the saved KV window does not fit this cache ({len(self.k)} blocks, {self.slots} slots): resume "
-                "with the model, size and window settings it was saved with"
-            )
+        problem = self.state_problem({k: (v.dtype, tuple(v.shape)) for k, v in state.items()}, used)
+        if problem is not None:
+            raise ValueError(f"{problem}: resume with the model, size and window settings it was saved with")
         end = used * self.chunk_tokens
         for i, (k, v) in enumerate(zip(self.k, self.v)):
-            saved_k, saved_v = state[f"k.{i}"], state[f"v.{i}"]
-            if saved_k.shape != k[:, :end].shape or saved_v.shape != v[:, :end].shape:
-                raise ValueError(
-                    f"the saved KV window of block {i} is {tuple(saved_k.shape)}, this cache needs "
-                    f"{tuple(k[:, :end].shape)}: resume with the model, size and window settings it was saved with"
-                )
-            k[:, :end].copy_(saved_k)
-            v[:, :end].copy_(saved_v)
+            k[:, :end].copy_(state[f"k.{i}"])
+            v[:, :end].copy_(state[f"v.{i}"])
         self.used, self.slot = used, used - 1
 
     @property
@@ -124,3 +145,32 @@ class RollingKVCache:
         self.v.clear()
         self.windows.clear()
         self.used, self.slot = 0, -1
+
+
+def window_state_problem(entries: Entries, read: Callable[[str], torch.Tensor], slots: int) -> str | None:
+    """What is wrong with a saved window on its own (`RollingKVCache.state_dict`'s entries, from a file header;
+    `read` loads one small tensor), None if nothing: 'used' an int64 in [0, slots], the blocks 0..n-1 each with k
+    and v of one floating dtype and one shape [batch, used * chunk tokens, heads, head_dim]."""
+    if entries.get("used") != (torch.int64, ()):
+        return "its KV window has no 'used' count (an int64 scalar)"
+    used = int(read("used"))
+    if not 0 <= used <= slots:
+        return f"its KV window fills {used} slots, its window settings have {slots}"
+    blocks = sum(key.startswith("k.") for key in entries)
+    expected = {"used", *(f"{kv}.{i}" for kv in "kv" for i in range(blocks))}
+    if not 1 <= blocks <= MAX_SAVED_BLOCKS or set(entries) != expected:
+        odd = sorted(set(entries) ^ expected)
+        return f"its KV window entries are not k.0, v.0, ... k.N-1, v.N-1 (odd: {', '.join(odd[:4])})"
+    kinds = {entries[key] for key in expected - {"used"}}
+    if len(kinds) != 1:
+        return "its KV window blocks differ in dtype or shape"
+    dtype, shape = kinds.pop()
+    if not dtype.is_floating_point or len(shape) != 4 or 0 in (shape[0], shape[2], shape[3]):
+        return f"its KV window blocks are {list(shape)} {_dtype_name(dtype)}, not floating [1, tokens, heads, dim]"
+    if shape[1] % used if used else shape[1]:
+        return f"its KV window of {shape[1]} tokens does not hold {used} whole chunks"
+    return None
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
