@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import torch.distributed as dist
@@ -112,8 +113,11 @@ class WorkerPool:
                 self.world = world_mod.join(
                     rank=0, size=self.size, local_rank=0, store=store, timeout_s=world_mod.timeout_s()
                 )
-            del store  # the pool's reference is the one `shutdown` drops
-        except BaseException:
+        except BaseException as exc:
+            # the pool's reference is the one `shutdown` drops (a TCPStore then stops listening), also while the
+            # error, whose finished frames hold the store too, is kept for a report
+            store = None
+            traceback.clear_frames(exc.__traceback__)
             self.shutdown(ask=False)
             raise
         compat.log.info("OmniVideo: %d parallel workers joined (local pids %s)", self.size - 1, self.pids)

@@ -123,7 +123,7 @@ def test_dead_worker_ends_the_run_with_its_name_and_no_orphans(tmp_path, caplog)
     with pytest.raises(pool_mod.WorkerError, match=r"worker rank 1 exited with code -9") as failed:
         _sample(model, cond, progress=KillWorker)
     assert str(pid) not in str(failed.value) and "/" not in str(failed.value)  # the error reaches /history
-    assert f"rank 1 exited with code -9; its log ends:\n" in caplog.text and "rank 1 of 2" in caplog.text
+    assert "rank 1 exited with code -9; its log ends:\n" in caplog.text and "rank 1 of 2" in caplog.text
     assert time.monotonic() - started < 60
     assert not pool.alive() and pool.workers == []
     assert not os.path.exists(f"/proc/{pid}")  # reaped, not a zombie
@@ -280,3 +280,36 @@ def test_parallel_node_checks_the_heads_before_starting_workers(tmp_path, monkey
     two = OmniVideoParallel.execute(model, world_size=2).args[0]
     assert two.world_size == 2 and model.world_size == 1  # a new handle; the loader's output is unchanged
     assert pool_mod.current_pool().size == 2 and "omnidreams:" in pool_mod.describe_pool()
+
+
+def test_a_cancel_ends_the_wait_for_ranks_that_never_come(monkeypatch):
+    """A pool start waiting for ranks answers a cancel at once (not after OMNIVIDEO_START_TIMEOUT), and its store
+    stops listening."""
+    import socket
+    import threading
+
+    pool_mod.stop_pool()
+    port = _free_port()
+    _operator_env(monkeypatch, port, 2)  # no torchrun: nobody joins
+    outcome: list[tuple[BaseException | None, float]] = []
+
+    def start():
+        try:
+            pool_mod.ensure_pool(2)
+            outcome.append((None, time.monotonic()))
+        except BaseException as exc:
+            outcome.append((exc, time.monotonic()))
+
+    rank_0 = threading.Thread(target=start)
+    rank_0.start()
+    time.sleep(2.0)
+    assert not outcome  # still waiting
+    cancelled = time.monotonic()
+    compat.request_interrupt()
+    rank_0.join(timeout=30)
+    ((exc, ended),) = outcome
+    assert compat.is_interrupt(exc), exc
+    assert ended - cancelled < 2.0
+    assert pool_mod.current_pool() is None
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
