@@ -44,7 +44,7 @@ class World:
     size: int
     local_rank: int
     device: torch.device  # where this rank's model runs
-    control: Any = None  # the gloo group of rank 0's messages (None: the default group), without a timeout for idling
+    control: Any = None  # the gloo group of rank 0's messages (None: the default group); see `join`
 
     @property
     def shard(self) -> SequenceShard:
@@ -125,7 +125,9 @@ def join(*, rank: int, size: int, local_rank: int, store: dist.Store, timeout_s:
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device.type != "cpu" else None,
     )
-    return World(rank, size, local_rank, device, dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT))
+    # rank 0's messages: a worker waits for the next one as long as the world lives, rank 0's own waits are bounded
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT if rank else timedelta(seconds=timeout_s))
+    return World(rank, size, local_rank, device, control)
 
 
 def leave() -> None:
