@@ -47,6 +47,10 @@ if [ "$gpus" -gt 1 ]; then
     # shellcheck disable=SC2086
     python benchmarks/bench_parallel.py --device cuda --world-sizes $sizes --config mid --latent 88x160 --chunks 6 \
         2>&1 | tee "$out/parallel_gpu.txt"
+    # the pool on CUDA (NCCL's bootstrap bound to loopback like gloo): every socket of rank 0 and its workers on
+    # loopback, strangers get nothing (the pool test starts 3 ranks: one per GPU)
+    [ "$gpus" -gt 2 ] && python -m pytest -q -p no:cacheprovider tests/test_parallel_pool.py 2>&1 \
+        | tee "$out/parallel_pool_gpu.txt"
 else
     echo "$gpus GPU(s): the multi-GPU context-parallel benchmark (bench_parallel.py --device cuda) skipped" \
         | tee "$out/parallel_gpu.txt"
