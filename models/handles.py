@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from .checkpoint_io import shown_name
+
 if TYPE_CHECKING:
     from ..attention.config import AttentionConfig
     from .h3.geometry import H3Geometry
 
 FAMILIES = ("omnidreams", "h3")
+WEIGHT_ARGS = ("path", "folder", "transformer_file")  # the load_args entries that name weight files or folders
 
 
 @dataclass(kw_only=True)
@@ -96,3 +99,11 @@ def check_family(obj, family: str, what: str, fix: str) -> None:
     if got != family:
         found = f"a {got} {what}" if got else f"a {type(obj).__name__}"
         raise ValueError(f"this node needs a {family} {what} but got {found}: {fix}")
+
+
+def describe_weights(family: str, load_args: dict) -> str:
+    """A model as Backend Info and OmniVideo Parallel show it: its family, its files as picked in ComfyUI's folders
+    and its dtype (`load_args` also hold absolute paths and modification times, which must not reach /history)."""
+    files = " + ".join(shown_name(load_args[k]) for k in WEIGHT_ARGS if load_args.get(k)) or "no files"
+    dtype, weights = (str(load_args.get(k)).removeprefix("torch.") for k in ("dtype", "weight_dtype"))
+    return f"{family} {files} ({dtype}{'' if weights == dtype else f', {weights} weights'})"

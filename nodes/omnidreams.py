@@ -3,6 +3,8 @@ first-frame and HD-map conditioning, and the OmniDreams sampler."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dtype, resolve_weight_dtype
 from ..compat import io
@@ -11,6 +13,7 @@ from ..models.handles import OmniDreamsConditioning, OmniDreamsModel, check_fami
 from ..models.omnidreams.loader import load_omnidreams, weights_recipe
 from ..models.omnidreams.text import (
     TextEncoder,
+    embedding_bytes,
     embedding_problem,
     encode_prompt,
     encoder_folder_problem,
@@ -20,10 +23,12 @@ from ..models.omnidreams.text import (
 )
 from ..pipelines.omnidreams import (
     DEFAULT_STEPS,
+    MAX_SCHEDULE_BYTES,
     ARSettings,
     check_wan21_vae,
     encode_first_frame,
     encode_hdmap,
+    encode_schedule,
     parse_prompt_schedule,
     sample,
 )
@@ -214,8 +219,9 @@ class OmniDreamsPromptSchedule(io.ComfyNode):
             description=(
                 "Switches the prompt during the rollout: '0: a car at dusk, 40: rain starts' uses the first prompt for "
                 "chunks 0-39 and the second from chunk 40 on (a chunk is 8 frames, 0.27 s at 30 fps). An entry starts "
-                "with '<chunk>:' at the beginning, after a comma or on a new line. Each prompt is encoded once; the "
-                "first frame and HD-map of the conditioning are kept."
+                "with '<chunk>:' at the beginning, after a comma or on a new line. Each distinct prompt is encoded "
+                f"once (at most {MAX_SCHEDULE_BYTES // 2**30} GiB of embeddings: 20 distinct prompts of Cosmos-Reason1 "
+                "7B); the first frame and HD-map of the conditioning are kept."
             ),
             inputs=[
                 ConditioningType.Input("conditioning"),
@@ -240,7 +246,7 @@ class OmniDreamsPromptSchedule(io.ComfyNode):
         _check_family(conditioning)
         _check_encoder(text_encoder, "OmniDreams Prompt Schedule")
         entries = parse_prompt_schedule(schedule)
-        texts = [(chunk, encode_prompt(text_encoder, prompt)) for chunk, prompt in entries]
+        texts = encode_schedule(entries, partial(encode_prompt, text_encoder), embedding_bytes(text_encoder))
         first = texts.pop(0)[1] if texts[0][0] == 0 else conditioning.text
         return io.NodeOutput(conditioning.replace(text=first, schedule=tuple(texts)))
 

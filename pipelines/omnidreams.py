@@ -12,6 +12,7 @@ attends to: the video sharpens at frame 0 and blurs afterwards.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import math
@@ -114,6 +115,10 @@ def pixel_frames(num_chunks: int, len_t: int = 2) -> int:
 
 MAX_SCHEDULE_CHARS = 65536
 MAX_SCHEDULE_ENTRIES = 256
+# The distinct prompts' embeddings (float32, held by the conditioning in ComfyUI's cache for as long as the workflow
+# is cached): 4 GiB is 20 prompts of Cosmos-Reason1 7B (512 x 100352 float32 = 196 MiB each), a new one every 6.4
+# chunks (1.7 s) of the longest video the sampler makes (128 chunks), and small beside the 16 GB encoder itself.
+MAX_SCHEDULE_BYTES = 4 * 2**30
 _ENTRY = re.compile(r"(?:^|[,\n])[ \t]*(\d{1,6})[ \t]*:")  # "<chunk>:" at the start, after a comma or a newline
 
 
@@ -141,22 +146,56 @@ def parse_prompt_schedule(text: str) -> list[tuple[int, str]]:
     return entries
 
 
-class PromptCross:
-    """The cross-attention K/V of the prompt that holds at each chunk (the conditioning's text, then its schedule),
-    computed when the prompt changes; one prompt's K/V are kept at a time."""
+def encode_schedule(entries: list[tuple[int, str]], encode, embedding_bytes: int) -> list[tuple[int, torch.Tensor]]:
+    """A parsed schedule's (chunk, embedding) pairs: each distinct prompt encoded once (`encode(prompt)`), the entries
+    that repeat it share its tensor. Their total size (`embedding_bytes` each) is checked before anything is encoded."""
+    prompts = list(dict.fromkeys(prompt for _, prompt in entries))
+    total = len(prompts) * embedding_bytes
+    if total > MAX_SCHEDULE_BYTES:
+        raise ValueError(
+            f"the prompt schedule has {len(prompts)} distinct prompts; their embeddings ({embedding_bytes / 2**20:.0f} "
+            f"MiB each, {total / 2**30:.1f} GiB) exceed the limit of {MAX_SCHEDULE_BYTES / 2**30:.0f} GiB: use at most "
+            f"{MAX_SCHEDULE_BYTES // embedding_bytes} distinct prompts (an entry that repeats a prompt's text exactly "
+            "costs nothing)"
+        )
+    encoded = {prompt: encode(prompt) for prompt in prompts}
+    return [(chunk, encoded[prompt]) for chunk, prompt in entries]
+
+
+class PromptSwitch:
+    """Which prompt holds at each chunk (the conditioning's text, then its schedule) and when another switches in.
+    Entries that share one tensor (a repeated prompt, see `encode_schedule`) are one prompt: no switch between them."""
+
+    def __init__(self, text: torch.Tensor, schedule=(), *, dtype: torch.dtype, device: torch.device | None = None):
+        self.entries: list[tuple[int, torch.Tensor]] = [(0, text), *schedule]  # later entries: chunk > 0, rising
+        self.starts = [start for start, _ in self.entries]
+        self.dtype, self.device = dtype, device
+        self.active: torch.Tensor | None = None
+
+    def switch(self, chunk: int) -> torch.Tensor | None:
+        """The prompt that switches in at `chunk`, in the compute dtype on the device (the one copy a rollout keeps
+        or sends); None while the active one holds."""
+        text = self.entries[bisect.bisect_right(self.starts, chunk) - 1][1]
+        if text is self.active:
+            return None
+        self.active = text
+        return text.to(self.device, self.dtype)
+
+
+class PromptCross(PromptSwitch):
+    """The cross-attention K/V of the prompt that holds at each chunk, computed when the prompt switches; one
+    prompt's K/V are kept at a time."""
 
     def __init__(self, model: OmniDreamsDiT, text: torch.Tensor, schedule=(), device: torch.device | None = None):
-        self.model, self.device = model, device
-        self.entries: list[tuple[int, torch.Tensor]] = [(0, text), *schedule]  # later entries: chunk > 0, rising
-        self.active = -1
+        super().__init__(text, schedule, dtype=model.dtype, device=device)
+        self.model = model
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def at(self, chunk: int) -> list:
-        index = max(i for i, (start, _) in enumerate(self.entries) if start <= chunk)
-        if index != self.active:
+        text = self.switch(chunk)
+        if text is not None:
             self.cross = []  # the previous prompt's K/V go first
-            self.cross = self.model.cross_kv(self.entries[index][1].to(self.device))
-            self.active = index
+            self.cross = self.model.cross_kv(text)
         return self.cross
 
 
@@ -347,14 +386,16 @@ def run_chunks(run: Rollout, prompts: PromptCross, num_chunks: int, *, hdmap=Non
 
 class DrivenRollout(Rollout):
     """Rank 0 of a context-parallel rollout. The workers mirror it (pipelines/omnidreams_parallel.py): they get the
-    rollout's inputs once, then each step's HD-map latent, and run the same steps on their share of the tokens; the
-    DiT gathers every chunk on every rank. A cancel inside a step stops all ranks at one interrupt point; anywhere
-    else the workers are waiting for the next message and `close` ends their rollout."""
+    rollout's inputs once, then each step's HD-map latent (and the prompt, in the compute dtype, at the steps where
+    it switches in), and run the same steps on their share of the tokens; the DiT gathers every chunk on every rank.
+    A cancel inside a step stops all ranks at one interrupt point; anywhere else the workers are waiting for the next
+    message and `close` ends their rollout."""
 
     def __init__(self, pool, model: OmniDreamsDiT, *, model_key: str, text: torch.Tensor, schedule=(), **kwargs):
         world = pool.world
         # local only: a setting that does not fit (heads, window) fails here, before the workers hear of the run
         super().__init__(model, shard=world.shard, interrupt=world.interrupt_point, **kwargs)
+        self.prompt = PromptSwitch(text, schedule, dtype=model.dtype)  # the workers keep only the current prompt
         self._job = pool.job()
         self.world = self._job.__enter__()
         try:
@@ -367,12 +408,8 @@ class DrivenRollout(Rollout):
                     "settings": dataclasses.asdict(self.settings),
                     "attention": dataclasses.asdict(normalize_config(self.attention_config)),
                     "compiled": self.compiled,
-                    "starts": [0, *(start for start, _ in schedule)],
                 },
-                {
-                    "first_frame": self.first_frame,
-                    **{f"text.{i}": t for i, t in enumerate([text, *(t for _, t in schedule)])},
-                },
+                {"first_frame": self.first_frame},
             )
         except BaseException as exc:
             self._end(exc)
@@ -380,7 +417,7 @@ class DrivenRollout(Rollout):
 
     def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
         try:
-            self.world.send("step", tensors={"hdmap": hdmap})
+            self.world.send("step", tensors={"hdmap": hdmap, "text": self.prompt.switch(self.chunk)})
             return super().step(cross, hdmap)
         except BaseException as exc:
             self._end(exc)  # inside a step: the workers stopped with us (a cancel) or the pool is gone
@@ -413,8 +450,11 @@ class DrivenRollout(Rollout):
             job.__exit__(type(exc), exc, exc.__traceback__)  # raises WorkerError if a worker died
 
 
+FAMILY = "omnidreams:"
+
+
 def ensure_workers(model) -> WorkerPool:
-    """The running workers of `model.world_size`, each with this model loaded."""
+    """The running workers of `model.world_size`, each holding this model (and no other OmniDreams one)."""
     if model.load_args.get("weight_dtype") != model.load_args.get("dtype"):
         raise ValueError(
             "parallel workers compute with plain torch layers, which cannot cast fp8 weights: load the model with "
@@ -426,7 +466,8 @@ def ensure_workers(model) -> WorkerPool:
 
 
 def model_key(model) -> str:
-    return "omnidreams:" + json.dumps(model.load_args, sort_keys=True)
+    """Names the weights a worker holds: the file (with its modification time) and the dtypes."""
+    return FAMILY + json.dumps(model.load_args, sort_keys=True)
 
 
 def open_rollout(model, *, text: torch.Tensor, schedule=(), **kwargs) -> Rollout:

@@ -279,7 +279,7 @@ def test_parallel_node_checks_the_heads_before_starting_workers(tmp_path, monkey
     assert alone.world_size == 1 and pool_mod.current_pool() is None
     two = OmniVideoParallel.execute(model, world_size=2).args[0]
     assert two.world_size == 2 and model.world_size == 1  # a new handle; the loader's output is unchanged
-    assert pool_mod.current_pool().size == 2 and "omnidreams:" in pool_mod.describe_pool()
+    assert pool_mod.current_pool().size == 2 and "models: omnidreams " in pool_mod.describe_pool()
 
 
 def test_a_cancel_ends_the_wait_for_ranks_that_never_come(monkeypatch):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ... import compat
-from ..checkpoint_io import read_json
+from ..checkpoint_io import read_json, shown_in, shown_name
 from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
@@ -59,13 +59,25 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
     problem = encoder_folder_problem(folder)
     if problem is not None:
         raise ValueError(
-            f"{folder}: {problem}. Point the loader at a Cosmos-Reason1 (Qwen2.5-VL) folder under "
+            f"{shown_name(folder)}: {problem}. Point the loader at a Cosmos-Reason1 (Qwen2.5-VL) folder under "
             "models/text_encoders/."
         )
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"Cosmos-Reason1 files missing under {shown_name(folder)}: {shown_in(str(exc), folder)}"
+        ) from None
     compat.make_castable(model, compat.operations(dtype, dtype, device))
     return TextEncoder(compat.manage(model.eval().requires_grad_(False), "text_encoder", device), tokenizer, folder)
+
+
+def embedding_bytes(encoder: TextEncoder) -> int:
+    """The size of one prompt's embedding, known before encoding: [1, MAX_TOKENS, layers * hidden] float32."""
+    config: Any = encoder.model.config  # transformers' Qwen2_5_VLConfig: the language model's is its text config
+    text = config.get_text_config()
+    return MAX_TOKENS * text.num_hidden_layers * text.hidden_size * torch.float32.itemsize
 
 
 def prompt_token_ids(tokenizer, prompt: str, max_tokens: int = MAX_TOKENS) -> torch.Tensor:
@@ -117,7 +129,5 @@ def load_embedding(path: str) -> torch.Tensor:
     if emb.dim() == 2:
         emb = emb[None]
     if emb.dim() != 3 or emb.shape[0] != 1 or emb.shape[1] != MAX_TOKENS:
-        raise ValueError(
-            f"{os.path.basename(path)}: embedding has shape {tuple(emb.shape)}, expected [1, {MAX_TOKENS}, D]"
-        )
+        raise ValueError(f"{shown_name(path)}: embedding has shape {tuple(emb.shape)}, expected [1, {MAX_TOKENS}, D]")
     return emb.float()

@@ -17,6 +17,7 @@ import torch
 
 from ... import compat
 from ...attention.sequence_parallel import SequenceShard
+from ...backends import PLATFORM, release_cached_memory
 from ...models.h3.loader import load_transformer
 from ...parallel.ops import operation
 from ...parallel.pool import WorkerPool, ensure_pool
@@ -96,6 +97,7 @@ class _HeldCancel:
 def load(world: World, models: dict, args: dict, tensors: dict) -> None:
     for other in [k for k in models if k.startswith(FAMILY)]:
         del models[other]  # one H3 transformer per worker: rank 0 forgot the others (`WorkerPool.ensure_model`)
+    release_cached_memory(PLATFORM)  # its memory back before the next one's weights arrive
     transformer = load_transformer(Path(args["folder"]), args["transformer_file"], dtype_named(args["dtype"]))
     models[args["key"]] = transformer.to(world.device)
 

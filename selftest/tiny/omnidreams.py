@@ -40,9 +40,10 @@ WORDS = (
 ).split()
 
 
-def write_tiny_cosmos_reason1(folder, seed: int = 0):
-    """A random 28-layer Qwen2.5-VL (hidden 16) and a word-level tokenizer with a Qwen-style chat template,
-    saved as a Hugging Face folder (config.json, weights, tokenizer files). No downloads."""
+def write_tiny_cosmos_reason1(folder, seed: int = 0, *, hidden: int = TEXT_HIDDEN, layers: int = TEXT_LAYERS):
+    """A random Qwen2.5-VL (28 layers of hidden 16: full_concat width 448) and a word-level tokenizer with a
+    Qwen-style chat template, saved as a Hugging Face folder (config.json, weights, tokenizer files). No downloads.
+    hidden (a multiple of 8: heads of 8 channels, as the rope sections need) x layers: the embedding width."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -59,10 +60,10 @@ def write_tiny_cosmos_reason1(folder, seed: int = 0):
     config = Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=64,
-            hidden_size=TEXT_HIDDEN,
+            hidden_size=hidden,
             intermediate_size=32,
-            num_hidden_layers=TEXT_LAYERS,
-            num_attention_heads=2,
+            num_hidden_layers=layers,
+            num_attention_heads=hidden // 8,
             num_key_value_heads=1,
             max_position_embeddings=1024,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
@@ -73,7 +74,7 @@ def write_tiny_cosmos_reason1(folder, seed: int = 0):
             hidden_size=16,
             intermediate_size=32,
             num_heads=2,
-            out_hidden_size=TEXT_HIDDEN,
+            out_hidden_size=hidden,
             fullatt_block_indexes=[0],
         ),
     )
