@@ -205,12 +205,19 @@ class WorkerPool:
         with self.job() as world:
             world.send(op, {**args, "key": key})
             failed = world.failed_ranks(check=compat.check_interrupt)
+        what = describe_weights(family[:-1], args)
         if failed:
-            raise WorkerError(
-                f"parallel ranks {failed} could not load the model (the reason is in their logs"
-                + ("; ComfyUI's log has their ends)" if not self.operator else ")")
-            )
-        self.models[key] = describe_weights(family[:-1], args)
+            for worker in self.workers:
+                if worker.rank in failed:
+                    compat.log.error(
+                        "OmniVideo: parallel worker rank %d could not load %s; its log ends:\n%s",
+                        worker.rank,
+                        what,
+                        worker.log_tail(),
+                    )
+            where = "ComfyUI's log has the end of theirs" if not self.operator else "their logs say why"
+            raise WorkerError(f"parallel ranks {failed} could not load {what} ({where}); they are still running")
+        self.models[key] = what
 
     @contextlib.contextmanager
     def job(self):

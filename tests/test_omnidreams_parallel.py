@@ -313,3 +313,17 @@ def test_a_cancel_ends_the_wait_for_ranks_that_never_come(monkeypatch):
     assert pool_mod.current_pool() is None
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+
+
+def test_a_model_the_workers_cannot_load_is_reported_and_they_stay(tmp_path, caplog):
+    model, cond = _handle(tmp_path, TINY_4_HEADS, 2), _conditioning(TINY_4_HEADS)
+    _sample(model, cond, frames=5)
+    pool = pool_mod.current_pool()
+    pids = pool.pids
+    missing = {**model.load_args, "path": str(tmp_path / "gone.safetensors")}
+    with pytest.raises(pool_mod.WorkerError, match=r"parallel ranks \[1\] could not load omnidreams .*still running"):
+        pool.ensure_model(pipe.model_key(model) + "gone", "omnidreams.load", missing)
+    assert "rank 1 could not load" in caplog.text and "gone.safetensors" in caplog.text  # its log's end
+    assert pool.alive() and pool.pids == pids
+    assert _sample(model, cond, frames=5).shape[2] == 2  # the same worker loads the model again and runs
+    assert pool.pids == pids
