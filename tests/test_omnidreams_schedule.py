@@ -5,6 +5,7 @@ schedule (node and sampler, in a fresh process) stays near a one-entry schedule'
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_too_many_distinct_prompts_are_refused_before_encoding(monkeypatch):
 
 
 CHILD = """
-import dataclasses, json, sys
+import dataclasses, gc, json, sys
 from pathlib import Path
 import torch
 from omnivideo import compat
@@ -104,6 +105,10 @@ width = te.embedding_bytes(encoder) // (te.MAX_TOKENS * 4)
 dit = build_dit(stored_state_dict(dataclasses.replace(TINY, text_in_dim=width)), torch.bfloat16)
 model = OmniDreamsModel(patcher=compat.manage(dit, "diffusion", cpu), dtype=torch.bfloat16)
 cond = OmniDreamsTextEncode.execute(encoder, "a car")[0]  # the workflow: Text Encode -> Prompt Schedule -> Sampler
+# a first run (one prompt) pages in the code and the allocator's pools, which would count as growth otherwise
+pipe.sample(model, OmniDreamsPromptSchedule.execute(cond, encoder, "0: warm up")[0], seed=1, frames=45, steps=0,
+            width=48, height=32)
+gc.collect()
 ready = rss("VmRSS")
 Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts over from here
 scheduled = OmniDreamsPromptSchedule.execute(cond, encoder, schedule)[0]
@@ -114,7 +119,13 @@ print("RESULT " + json.dumps({"peak": rss("VmHWM") - ready, "embedding": te.embe
 
 
 def _peak(folder: str, schedule: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, folder, schedule], capture_output=True, text=True, timeout=600)
+    # glibc serves mid-sized blocks from its heap once the mmap threshold has grown past them, and how much of a
+    # freed heap goes back to the system varies from run to run; a fixed 1 MiB threshold maps every large block and
+    # unmaps it when freed, so the high-water mark counts the memory that was live together
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, folder, schedule], capture_output=True, text=True, timeout=600, env=env
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, f"the child failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return json.loads(line.split(" ", 1)[1])
@@ -131,5 +142,6 @@ def test_long_schedule_peak_memory_stays_near_one_entry(tmp_path):
     assert embedding == 512 * WIDE_HIDDEN * WIDE_LAYERS * 4
     assert one["chunks"] == long["chunks"] == 6 and one["finite"] and long["finite"]
     assert one["peak"] >= embedding  # the embedding dominates what is measured
-    # one more distinct prompt is one more embedding (held while the next is encoded), not 255 more
-    assert long["peak"] < 1.5 * one["peak"] + embedding / 4, (one, long)
+    # one more distinct prompt is one more embedding (held while the next is encoded) and its encode's working set,
+    # not 255 more embeddings; the high-water mark of one process moves by a few embeddings from run to run
+    assert long["peak"] < 2 * one["peak"] + 2 * embedding, (one, long)
