@@ -73,7 +73,7 @@ def test_a_pool_listens_on_loopback_only_and_strangers_get_nothing():
     """Every socket rank 0 and its workers listen on is a loopback one (the rendezvous is a file in the pool's own
     folder, gloo is bound to loopback), and a loopback client that knows nothing of the pool can neither read from
     nor write to any of them: the workers then still read rank 0's messages in step."""
-    from support.listening import is_loopback, listening, speaks_to_a_stranger
+    from support.listening import answering_strangers, is_loopback, listening
 
     proc = subprocess.Popen(
         [sys.executable, "-c", PROBED_POOL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -83,8 +83,7 @@ def test_a_pool_listens_on_loopback_only_and_strangers_get_nothing():
         sockets = {pid: listening(pid) for pid in [proc.pid, *pids]}
         assert all(sockets.values()), sockets  # each rank listens (gloo), so the check below checks something
         assert all(is_loopback(address) for found in sockets.values() for address, _ in found), sockets
-        strangers = {port: speaks_to_a_stranger(port) for found in sockets.values() for _, port in found}
-        assert not any(strangers.values()), strangers
+        assert answering_strangers([port for found in sockets.values() for _, port in found]) == [], sockets
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "still in step"
@@ -93,3 +92,17 @@ def test_a_pool_listens_on_loopback_only_and_strangers_get_nothing():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_stranger_check_sees_an_open_store():
+    """Both checks above against what the pool used to open: a TCPStore made by torch (every interface, though asked
+    for 127.0.0.1), which any client can write and read."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from support.listening import answering_strangers, is_loopback, listening
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    (address,) = [address for address, port in listening(os.getpid()) if port == store.port]
+    assert not is_loopback(address), address
+    assert answering_strangers([store.port]) == [store.port]

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.listening import is_loopback, listening, speaks_to_a_stranger  # noqa: E402
+from support.listening import answering_strangers, is_loopback, listening  # noqa: E402
 from test_omnidreams_stream_server import (  # noqa: E402
     HEIGHT,
     WIDTH,
@@ -112,7 +112,7 @@ def test_parallel_rollout_equals_one_process_and_reuses_its_workers(comfy_server
     assert listening(pids[0]), sockets  # the worker listens (gloo): the check above checked something
     http_port = int(comfy_server.url.rsplit(":", 1)[1])
     ours = [port for found in sockets.values() for _, port in found if port != http_port]
-    assert not any(speaks_to_a_stranger(port) for port in ours), sockets
+    assert answering_strangers(ours) == [], sockets
 
     again = _images(comfy_server, sampler_graph(2, vae_file, f"cp2b_{tag}"))  # the graph changed: runs again
     assert worker_pids(comfy_server) == pids  # the same worker, not a new one, still in step after the strangers

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 LISTEN = "0A"
@@ -45,12 +47,44 @@ def is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
 
 
-def speaks_to_a_stranger(port: int) -> bool:
-    """Whether a loopback client that knows nothing of the pool gets anything out of `port`: it connects, writes
-    bytes (a TCPStore's would-be request and junk) and waits 3 s for an answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
-        sock.sendall(b"\x00" * 64)
-        try:
-            return bool(sock.recv(64))
-        except (TimeoutError, ConnectionError):
-            return False
+STORE_CLIENT = """
+import datetime, os, sys, threading
+import torch.distributed as dist
+answered = []
+def attempt(port):
+    try:
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=2))
+        store.set("intruder", "x")
+        answered.append(port if store.get("intruder") == b"x" else -port)
+    except Exception:
+        pass
+for port in map(int, sys.argv[1:]):
+    threading.Thread(target=attempt, args=(port,), daemon=True).start()
+threading.Event().wait(float(os.environ["WAIT_S"]))
+print(" ".join(map(str, answered)), flush=True)
+os._exit(0)  # the attempts on ports that are no store wait for an answer that never comes
+"""
+
+
+def answering_strangers(ports: list[int], wait_s: float = 4.0) -> list[int]:
+    """The ports where a loopback client that knows nothing of the pool gets anything: a torch store client (what
+    an open rendezvous serves: any client could write and read keys; tried from a child process, one thread per
+    port) or 64 bytes written raw, with an answer within `wait_s`."""
+    env = {**os.environ, "WAIT_S": str(wait_s)}
+    child = subprocess.run(
+        [sys.executable, "-c", STORE_CLIENT, *map(str, ports)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=wait_s + 60,
+    )
+    answered = {abs(int(p)) for p in child.stdout.split()}
+    for port in ports:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            sock.sendall(b"\x00" * 64)
+            try:
+                if sock.recv(64):
+                    answered.add(port)
+            except (TimeoutError, ConnectionError):
+                pass
+    return sorted(answered)
