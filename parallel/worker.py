@@ -110,7 +110,7 @@ def _serve_operator_rank(rank: int, size: int, local_rank: int) -> None:
                 rank=rank, size=size, local_rank=local_rank, store=store, timeout_s=world_mod.timeout_s()
             )
         except (RuntimeError, TimeoutError) as exc:  # no rank 0 yet, or it went away while we joined
-            log.info("rank %d: waiting for rank 0 at %s:%d (%s)", rank, address, port, str(exc).splitlines()[0])
+            log.info("rank %d: waiting for rank 0 at %s:%d (%s)", rank, address, port, _first_line(exc))
             store = None
             world_mod.leave()
             time.sleep(1.0)
@@ -120,7 +120,11 @@ def _serve_operator_rank(rank: int, size: int, local_rank: int) -> None:
             serve(world)
             return
         except Exception as exc:
-            log.warning("rank %d: the world ended (%s); waiting to join the next", rank, str(exc).splitlines()[0])
+            log.warning("rank %d: the world ended (%s); waiting to join the next", rank, _first_line(exc))
         finally:
             del store, world  # no reference may keep a group's sockets open: the other ranks wait on them
             world_mod.leave()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
