@@ -110,6 +110,11 @@ def shown_in(text: str, path: str | os.PathLike) -> str:
     return text.replace(os.path.abspath(path), shown_name(path))
 
 
+def files_missing(what: str, folder: str | os.PathLike, exc: OSError) -> FileNotFoundError:
+    """transformers' `from_pretrained` failing on a local folder, as an error that names the folder as picked."""
+    return FileNotFoundError(f"{what} files missing under {shown_name(folder)}: {shown_in(str(exc), folder)}")
+
+
 def _is_under(path: str, root: str) -> bool:
     try:
         return os.path.commonpath([path, root]) == root

@@ -19,7 +19,7 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
 
 from ... import compat
-from ..checkpoint_io import read_json, shown_in, shown_name
+from ..checkpoint_io import files_missing, read_json, shown_name
 from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
 DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
@@ -95,9 +95,7 @@ def load_text_encoder(
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
         processor = Qwen3VLProcessor.from_pretrained(proc_dir, tokenizer=tokenizer, local_files_only=True)
     except OSError as exc:
-        raise FileNotFoundError(
-            f"Qwen3-VL files missing under {shown_name(folder)}: {shown_in(str(exc), folder)}"
-        ) from None
+        raise files_missing("Qwen3-VL", folder, exc) from None
     device = device or torch.device("cpu")
     compat.make_castable(model, compat.operations(dtype, dtype, device))
     patcher = compat.manage(model.eval().requires_grad_(False), "text_encoder", device)

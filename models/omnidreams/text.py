@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ... import compat
-from ..checkpoint_io import read_json, shown_in, shown_name
+from ..checkpoint_io import files_missing, read_json, shown_name
 from ..embeddings import embedding_file_problem, read_embedding_file, save_embedding_file
 
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
@@ -66,9 +66,7 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
     except OSError as exc:
-        raise FileNotFoundError(
-            f"Cosmos-Reason1 files missing under {shown_name(folder)}: {shown_in(str(exc), folder)}"
-        ) from None
+        raise files_missing("Cosmos-Reason1", folder, exc) from None
     compat.make_castable(model, compat.operations(dtype, dtype, device))
     return TextEncoder(compat.manage(model.eval().requires_grad_(False), "text_encoder", device), tokenizer, folder)
 
