@@ -18,13 +18,14 @@ log = logging.getLogger("omnivideo")
 try:  # ComfyUI is importable only inside a ComfyUI process (or with COMFYUI_PATH on sys.path)
     if os.environ.get("OMNIVIDEO_WORKER"):  # a parallel worker runs models only, never ComfyUI (parallel/worker.py)
         raise ImportError("parallel worker")
+    import comfy.lora as _lora
     import comfy.model_management as _mm
     import comfy.model_patcher as _model_patcher
     import comfy.ops as _ops
     import comfy.utils as _comfy_utils
     import folder_paths as _folder_paths
 except Exception:  # pragma: no cover - exercised when ComfyUI is missing
-    _mm = _model_patcher = _ops = _comfy_utils = _folder_paths = None
+    _lora = _mm = _model_patcher = _ops = _comfy_utils = _folder_paths = None
 
 HAS_COMFY = _mm is not None
 
@@ -343,6 +344,19 @@ def manage(module: torch.nn.Module, kind: str, default_device: torch.device):
     if HAS_COMFY:
         return _model_patcher.ModelPatcher(holder, load_device=load, offload_device=offload)
     return _StandalonePatcher(holder, load, offload)
+
+
+def add_lora(patcher, lora: dict, key_map: dict, strength: float):
+    """A clone of ComfyUI's `patcher` with a LoRA's patches added at `strength`, as core's LoraLoaderModelOnly does
+    (`comfy.lora.load_lora` reads `lora` through `key_map`: LoRA name -> the patcher's state dict key). Unmerged:
+    ComfyUI applies them whenever it loads the weights. Raises when a key reaches no weight."""
+    patches = _lora.load_lora(lora, key_map, log_missing=False)
+    clone = patcher.clone()
+    added = set(clone.add_patches(patches, strength))
+    missing = sorted(set(key_map.values()) - added)
+    if missing:
+        raise ValueError(f"ComfyUI's model patcher has no weight for {', '.join(missing[:8])}")
+    return clone
 
 
 def load_models(patchers: list, memory_required: int = 0) -> None:

@@ -31,6 +31,15 @@ else
     echo "no ComfyUI checkout (COMFYUI_PATH): model-memory checks skipped" | tee "$out/model_memory_gpu.txt"
 fi
 
+# MiniMax-H3 on the GPU: our sampler's attention backends, and core 0.33's native model unpatched vs OmniVideo Patch
+# Model Attention (sdpa, RainFusion 0.8) where a ComfyUI 0.33 is here (COMFYUI33_PYTHON: its interpreter)
+native=""
+for c in ../shared/comfyui-0.33 shared/comfyui-0.33; do
+    if [ -f "$c/main.py" ]; then native=$(cd "$c" && pwd); break; fi
+done
+COMFYUI_PATH=$native COMFYUI_PYTHON=${COMFYUI33_PYTHON:-python} python benchmarks/bench_h3.py --configs large \
+    --native large 2>&1 | tee "$out/h3_gpu.txt"
+
 # Streaming OmniDreams on the GPU: the 2B-shaped random DiT at 704x1280 in bf16 with the full-size Wan 2.1 VAE,
 # streamed vs batch (peak, first frame, throughput) and the compiled blocks vs eager, ms per chunk.
 if [ -f "${COMFYUI_PATH:-}/main.py" ]; then

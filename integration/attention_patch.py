@@ -2,10 +2,18 @@
 
 ComfyUI (>= 0.3.6x) calls `transformer_options["optimized_attention_override"](original, q, k,
 v, heads, mask=..., skip_reshape=..., skip_output_reshape=..., transformer_options=...)` for
-every attention in Wan / Cosmos. That call does not know the video layout, so a
-DIFFUSION_MODEL wrapper (also a ComfyUI hook) records the patch grid of the input latent
-in transformer_options before the forward; the override then reads it. Nothing here imports
-ComfyUI: the node installs these two callables on a cloned MODEL through compat.
+every attention in Wan / Cosmos (and MiniMax-H3 in 0.33). That call does not know the video layout, so a
+DIFFUSION_MODEL wrapper (also a ComfyUI hook) records it in transformer_options before the forward; the
+override then reads it. Nothing here imports ComfyUI: the node installs these two callables on a cloned MODEL
+through compat.
+
+Wan / Cosmos attend over the video rows alone: the layout is the patch grid of the input latent. MiniMax-H3
+(ComfyUI 0.33, comfy/ldm/minimax) attends over one packed sequence `[text | keyframe / reference rows | audio |
+video]`: the wrapper takes core's own `PackedLayout` (the one extra_conds prebuilt in `minimax_payload`, else
+built as the model builds it, through the class the model's module holds) and records `[prefix | video grid]`,
+so RainFusion goes sparse over the generated video rows only and keeps every other row dense, as our own H3
+path does. Its text refiner's calls (text rows only) keep ComfyUI's attention. Core does not pad the sequence:
+the packed varlen backends get it as one unpadded sequence.
 
 Passed to the original function untouched: cross-attention (k rows != q rows), masked
 calls, grouped-query calls (k / v with fewer heads), sequences that are not exactly the recorded
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 
 import torch
 
@@ -47,6 +56,42 @@ def patch_grid(latent_shape, model) -> tuple[int, int, int] | None:
     return tuple(math.ceil(n / p) for n, p in zip(latent_shape[2:], patch))
 
 
+def packed_h3_layout(model, streams, context, payload) -> tuple[AttnLayout, int] | None:
+    """MiniMax-H3's ([video, audio] streams): `[prefix | video grid]` of its packed sequence and the sequence's
+    length, from the PackedLayout its forward uses (the payload's when its signature matches, else one built the
+    same way; comfy/ldm/minimax/model.py MiniMaxH3Model._forward). None when this is not such a model."""
+    packed_layout = getattr(sys.modules.get(type(model).__module__), "PackedLayout", None)
+    if packed_layout is None or len(streams) != 2 or not all(isinstance(t, torch.Tensor) for t in (*streams, context)):
+        return None
+    video, audio = streams
+    grid = patch_grid(tuple(video.shape), model)
+    if grid is None:
+        return None
+    # the forward pads the video to whole patches first
+    signature = (context.shape[1], *(n * p for n, p in zip(grid, model.patch_size)), audio.shape[-1])
+    payload = payload or {}
+    layout = payload.get("layout")
+    if layout is None or layout.signature != signature:
+        layout = packed_layout(*signature, keyframes=payload.get("keyframes"), refs=payload.get("refs"))
+    start, stop, kind = layout.segments[-1]  # the generated video: always the last segment
+    if kind != "video" or stop != layout.seq_len or stop - start != math.prod(grid):
+        return None
+    return AttnLayout(start, grid), layout.seq_len
+
+
+def call_layout(model, args, kwargs) -> tuple[AttnLayout | None, int | None]:
+    """(layout of the forward's self-attention, its packed sequence length or None) from the DIFFUSION_MODEL
+    call's arguments: Wan / Cosmos forward(x, t, context, ...), MiniMax-H3 forward([video, audio], t, context,
+    transformer_options, minimax_payload=...)."""
+    x = args[0] if args else kwargs.get("x")
+    if isinstance(x, (list, tuple)):
+        context = args[2] if len(args) > 2 else kwargs.get("context")
+        packed = packed_h3_layout(model, x, context, kwargs.get("minimax_payload"))
+        return packed if packed is not None else (None, None)
+    grid = patch_grid(tuple(x.shape), model) if isinstance(x, torch.Tensor) else None
+    return (AttnLayout(0, grid) if grid is not None else None), None
+
+
 def sampling_step(transformer_options: dict) -> int | None:
     """Index of the current sigma in the sampler's schedule (None when ComfyUI did not say)."""
     sigmas, schedule = transformer_options.get("sigmas"), transformer_options.get("sample_sigmas")
@@ -68,14 +113,13 @@ class NativeAttentionPatch:
 
     # DIFFUSION_MODEL wrapper: wrapper(executor, x, timestep, ..., transformer_options, ...)
     def wrapper(self, executor, *args, **kwargs):
-        x = args[0] if args else kwargs.get("x")
         opts = kwargs.get("transformer_options")
         if not isinstance(opts, dict):
             opts = next((a for a in args[1:] if isinstance(a, dict)), None)
-        grid = patch_grid(tuple(x.shape), getattr(executor, "class_obj", None)) if isinstance(x, torch.Tensor) else None
         if opts is None:
             return executor(*args, **kwargs)
-        opts[LAYOUT_KEY] = {"grid": grid, "layer": 0}
+        layout, rows = call_layout(getattr(executor, "class_obj", None), args, kwargs)
+        opts[LAYOUT_KEY] = {"layout": layout, "rows": rows, "layer": 0}
         try:
             return executor(*args, **kwargs)
         finally:
@@ -105,12 +149,16 @@ class NativeAttentionPatch:
             q4, k4, v4 = (t.view(b, s, h, d) for t in (q, k, v))
 
         info = opts.get(LAYOUT_KEY)
+        if info is not None and info["rows"] is not None and s != info["rows"]:
+            # MiniMax-H3's text refiner: text rows only, outside the packed sequence and its block count
+            log_dense_once("text refiner", f"{s} rows, not the {info['rows']}-row packed sequence")
+            self.stats.dense_calls["text refiner"] += 1
+            return original(*args, **kwargs)
         layer = opts.get("block_index")
         if info is not None:
             layer = info["layer"] if layer is None else layer
-            info["layer"] += 1  # self-attention calls in this forward = block index for Wan in 0.3.x
-        grid = info["grid"] if info is not None else None
-        layout = AttnLayout(0, grid) if grid is not None else None
+            info["layer"] += 1  # self-attention calls in this forward = block index (Wan in 0.3.x, MiniMax-H3)
+        layout = info["layout"] if info is not None else None
         step = sampling_step(opts)
         why = dense_reason(self.config, q4, k4, layout, step, layer)
         if why is not None:

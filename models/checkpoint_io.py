@@ -177,13 +177,23 @@ def _safetensors_header(path: str) -> dict:
     return header
 
 
-def read_safetensors(path: str) -> dict[str, torch.Tensor]:
-    """All tensors of a .safetensors file on CPU."""
-    from safetensors import SafetensorError
+def safetensors_metadata(path: str) -> dict[str, str]:
+    """The free-form `__metadata__` strings of a .safetensors header (bounded read)."""
+    meta = _safetensors_header(path).get("__metadata__")
+    return meta if isinstance(meta, dict) else {}
+
+
+def read_safetensors(path: str, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file on CPU: all, or those whose name `keep` accepts (the others are never
+    read, so taking the transformer out of an all-in-one checkpoint costs only its own bytes)."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     try:
-        return load_file(str(path), device="cpu")
+        if keep is None:
+            return load_file(str(path), device="cpu")
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys() if keep(k)}
     except FileNotFoundError:
         raise CheckpointError(f"{shown_name(path)} does not exist (any more).") from None
     except (SafetensorError, OSError) as err:
@@ -242,6 +252,61 @@ def dequantize_scaled_fp8(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> di
             continue
         scale = sd.get(key[: -len("weight")] + "scale_weight") if key.endswith(".weight") else None
         out[key] = (tensor.to(torch.float32) * scale.to(torch.float32)).to(dtype) if scale is not None else tensor
+    return out
+
+
+COMFY_QUANT_SUFFIX = ".comfy_quant"  # core's mixed-precision checkpoints: a per-layer JSON config as uint8 bytes
+COMFY_QUANT_METADATA = "_quantization_metadata"  # ... or all layers' configs in the header's metadata
+PER_TENSOR_FLOAT8 = {"float8_e4m3fn", "float8_e5m2"}
+
+
+def comfy_quant_layers(sd: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> dict[str, dict]:
+    """Layer name -> quantization config of a core mixed-precision checkpoint (empty for any other file)."""
+    try:
+        if COMFY_QUANT_METADATA in metadata:
+            layers = json.loads(metadata[COMFY_QUANT_METADATA])["layers"]
+        else:
+            layers = {
+                k[: -len(COMFY_QUANT_SUFFIX)]: json.loads(bytes(v.tolist()))
+                for k, v in sd.items()
+                if k.endswith(COMFY_QUANT_SUFFIX)
+            }
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as err:
+        raise _damaged(
+            source, "a quantized checkpoint", f"its layer quantization configs do not parse ({err})"
+        ) from None
+    if not isinstance(layers, dict) or not all(isinstance(v, dict) for v in layers.values()):
+        raise _damaged(source, "a quantized checkpoint", "its layer quantization configs are not objects")
+    return layers
+
+
+def dequantize_comfy_quant(
+    sd: dict[str, torch.Tensor], layers: dict[str, dict], dtype: torch.dtype, source: str
+) -> dict[str, torch.Tensor]:
+    """Core's mixed-precision checkpoint (`comfy_quant_layers`) -> plain weights in `dtype`, the way core's own
+    per-tensor fp8 layout dequantizes (weight · weight_scale, here in fp32 then cast once). Block-scaled and integer
+    formats (nvfp4, mxfp8, int8, w4a4/w4a8) are refused by name: our layers fuse and re-lay out weights at load."""
+    if not layers:
+        return sd
+    other = sorted({str(c.get("format")) for c in layers.values()} - PER_TENSOR_FLOAT8)
+    if other:
+        layer = next(k for k, c in layers.items() if str(c.get("format")) in other)
+        raise CheckpointError(
+            f"{shown_name(source)} is quantized as {', '.join(other)} (layer {layer}, ...); OmniVideo reads only "
+            "bf16 / fp16 / fp32 files and fp8 ones with per-tensor scales (float8_e4m3fn, float8_e5m2). Use that "
+            "file of the model (e.g. the bf16 or fp8_scaled one), or core's Load Diffusion Model for this one."
+        )
+    out = {}
+    for key, tensor in sd.items():
+        if key.endswith((COMFY_QUANT_SUFFIX, ".weight_scale", ".input_scale")) and key.rsplit(".", 1)[0] in layers:
+            continue
+        layer = key.removesuffix(".weight")
+        if key.endswith(".weight") and layer in layers:
+            scale = sd.get(f"{layer}.weight_scale")
+            if scale is None or scale.numel() != 1:
+                raise _damaged(source, "a quantized checkpoint", f"{layer}.weight_scale is missing or not one value")
+            tensor = (tensor.to(torch.float32) * scale.to(torch.float32)).to(dtype)
+        out[key] = tensor
     return out
 
 

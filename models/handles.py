@@ -63,6 +63,7 @@ class H3Model(OmniVideoModel):
     scheduler_config: dict = field(default_factory=lambda: {"shift": 12.0})
     audio_scheduler_config: dict = field(default_factory=lambda: {"shift": 3.0})
     source: str = ""  # the folder it was loaded from
+    partition: str = "transformer"  # transformer (t2va / fl2va) or transformer_ref (ref2va)
 
 
 @dataclass(kw_only=True)
@@ -91,6 +92,7 @@ class H3Conditioning(OmniVideoConditioning):
     # text: Qwen3-VL hidden states [1, Nt, text_dim]
     text_token_tags: torch.Tensor  # [Nt] long: text or keyframe-vision row
     keyframes: dict | None = None  # latents / anchors / width / height from OmniVideo H3 Keyframes
+    references: Any = None  # pipelines.h3.references.EncodedReferences from OmniVideo H3 References (ref2va)
 
 
 def check_family(obj, family: str, what: str, fix: str) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 from .attention import OmniVideoAttention, OmniVideoPatchModelAttention
 from .backend_info import OmniVideoBackendInfo
 from .h3 import NODES as H3_NODES
+from .h3_references import NODES as H3_REFERENCE_NODES
+from .lora import OmniVideoLoRA
 from .omnidreams import NODES as OMNIDREAMS_NODES
 from .omnidreams_stream import NODES as STREAM_NODES
 from .parallel import OmniVideoParallel
@@ -20,9 +22,11 @@ NODES: list[Any] = [
     OmniVideoPatchModelAttention,
     OmniVideoSampler,
     OmniVideoParallel,
+    OmniVideoLoRA,
     *OMNIDREAMS_NODES,
     *STREAM_NODES,
     *H3_NODES,
+    *H3_REFERENCE_NODES,
 ]
 
 

@@ -108,8 +108,9 @@ class OmniVideoPatchModelAttention(io.ComfyNode):
             **compat.search_aliases("rainfusion", "sparse attention"),
             display_name="OmniVideo Patch Model Attention",
             category="OmniVideo/attention",
-            description="Route a native video MODEL's self-attention (Wan, Cosmos) through the OmniVideo attention "
-            "backend. Cross-attention and unsupported calls keep ComfyUI's own attention.",
+            description="Route a native video MODEL's self-attention (Wan, Cosmos; MiniMax-H3 on ComfyUI 0.33: "
+            "RainFusion over its video rows only) through the OmniVideo attention backend. Cross-attention and "
+            "unsupported calls keep ComfyUI's own attention.",
             inputs=[io.Model.Input("model"), AttentionType.Input("attention")],
             outputs=[io.Model.Output(display_name="model")],
         )

@@ -7,7 +7,7 @@ from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dt
 from ..compat import io
 from ..integration import comfy_types, safe_paths
 from ..models.h3.geometry import FPS, MAX_SECONDS
-from ..models.h3.loader import folder_problem, load_h3
+from ..models.h3.loader import TRANSFORMER, folder_problem, load_h3
 from ..models.h3.text import (
     H3TextEncoder,
     embedding_problem,
@@ -18,13 +18,14 @@ from ..models.h3.text import (
     save_embedding,
     vision_rows,
 )
-from ..models.handles import H3Conditioning
+from ..models.handles import H3Conditioning, check_family
 from ..pipelines.h3.sampler import DEFAULT_STEPS, sample
 from .sampling import run_sampler, sampler_inputs
 from .types import (
     AttentionType,
     ConditioningType,
     H3AudioVaeType,
+    H3ReferencesType,
     H3VaeType,
     KeyframesType,
     ModelType,
@@ -54,6 +55,8 @@ def _embedding_file(name: str) -> str:
 
 
 class OmniVideoH3Loader(io.ComfyNode):
+    PARTITION = TRANSFORMER  # t2va / fl2va; OmniVideo H3 Ref2VA Loader: transformer_ref
+
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -109,7 +112,12 @@ class OmniVideoH3Loader(io.ComfyNode):
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
         single = None if transformer_file in (None, "", FROM_FOLDER) else _transformer_file(transformer_file)
         model, vae, audio_vae = load_h3(
-            _h3_folder(folder), dtype, transformer_file=single, device=PLATFORM.device, attention=attention
+            _h3_folder(folder),
+            dtype,
+            transformer_file=single,
+            device=PLATFORM.device,
+            attention=attention,
+            partition=cls.PARTITION,
         )
         return io.NodeOutput(model, vae, audio_vae)
 
@@ -204,7 +212,9 @@ class OmniVideoH3TextEncode(io.ComfyNode):
             category="OmniVideo/H3",
             description=(
                 "Encodes the prompt verbatim with Qwen3-VL (no chat template, no special tokens); with keyframes, "
-                "each gets a '<Picture i>: ' label and a vision block, as diffusers' pipeline does. Or loads a "
+                "each gets a '<Picture i>: ' label and a vision block, as diffusers' pipeline does; with ref2va "
+                "references (OmniVideo H3 References), each gets its '<Picture i>' / '<Audio j>' / '<Video k>' label "
+                "and vision blocks, as diffusers' ref2va pipeline does. Or loads a "
                 "precomputed embedding (.safetensors, prompt_embeds + text_token_tags) instead of running the "
                 "encoder; save_as writes one. The keyframes ride along in the conditioning to the sampler."
             ),
@@ -212,6 +222,7 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 io.String.Input("prompt", multiline=True, default=""),
                 TextEncoderType.Input("text_encoder", optional=True),
                 KeyframesType.Input("keyframes", optional=True),
+                H3ReferencesType.Input("references", optional=True, tooltip="ref2va: from OmniVideo H3 References."),
                 io.Combo.Input(
                     "embedding_file",
                     options=[NO_EMBEDDING]
@@ -240,8 +251,10 @@ class OmniVideoH3TextEncode(io.ComfyNode):
 
     @classmethod
     def execute(
-        cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING, save_as=""
+        cls, prompt, text_encoder=None, keyframes=None, embedding_file=NO_EMBEDDING, save_as="", references=None
     ) -> io.NodeOutput:
+        if keyframes and references:
+            raise ValueError("H3 runs keyframes (fl2va) or references (ref2va), not both: connect one of them.")
         save = bool(save_as and save_as.strip())
         if save:
             safe_paths.output_file_path(save_as, ".safetensors")  # a bad name fails before the heavy encode
@@ -255,22 +268,28 @@ class OmniVideoH3TextEncode(io.ComfyNode):
                 )
             images = keyframes["images"] if keyframes else []
             try:
-                embeds, tags = encode_prompt(text_encoder, prompt, images)
+                embeds, tags = encode_prompt(
+                    text_encoder, prompt, images, references.references if references else None
+                )
             finally:
                 compat.free_memory()
-        if keyframes and vision_rows(tags) == 0:
+        if (keyframes or references) and vision_rows(tags) == 0:
+            what = "keyframes" if keyframes else "references"
             raise ValueError(
-                f"{embedding_file or 'the embedding'} was made without keyframes; re-encode the prompt "
-                "with the keyframes connected."
+                f"{embedding_file or 'the embedding'} was made without {what}; re-encode the prompt "
+                f"with the {what} connected."
             )
         if save:
             count = len(keyframes["anchors"]) if keyframes else 0
+            refs = len(references.references) if references else 0
             path = safe_paths.write_output_file(
-                save_as, ".safetensors", lambda tmp: save_embedding(tmp, embeds, tags, keyframes=count)
+                save_as, ".safetensors", lambda tmp: save_embedding(tmp, embeds, tags, keyframes=count, references=refs)
             )
             compat.log.info("OmniVideo H3: saved the prompt embedding to %s", path)
         attached = {k: keyframes[k] for k in ("latents", "anchors", "width", "height")} if keyframes else None
-        return io.NodeOutput(H3Conditioning(text=embeds, text_token_tags=tags, keyframes=attached))
+        return io.NodeOutput(
+            H3Conditioning(text=embeds, text_token_tags=tags, keyframes=attached, references=references)
+        )
 
 
 class OmniVideoH3Decode(io.ComfyNode):
@@ -308,9 +327,10 @@ class OmniVideoH3Sampler(io.ComfyNode):
             display_name="OmniVideo H3 Sampler",
             category="OmniVideo/H3",
             description=(
-                "MiniMax-H3 flow-matching sampler over the packed video + audio + text sequence (Euler, shifts "
-                "12 / 3). Frames snap up to 17n+5 at 24 fps (5-15 s); width/height multiples of 32 (the keyframes' "
-                "size when connected). The LATENT holds video and audio latents for OmniVideo H3 Decode."
+                "MiniMax-H3 flow-matching sampler over the packed video + audio + text sequence (Euler, the model's "
+                "shifts: 12 / 3, or OmniVideo H3 Shift's). Frames snap up to 17n+5 at 24 fps (5-15 s); width/height "
+                "multiples of 32 (the keyframes' size when connected). The LATENT holds video and audio latents for "
+                "OmniVideo H3 Decode."
             ),
             inputs=sampler_inputs(
                 frames=209,
@@ -334,6 +354,38 @@ class OmniVideoH3Sampler(io.ComfyNode):
         )
 
 
+class OmniVideoH3Shift(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoH3Shift",
+            **compat.search_aliases("sigma shift", "flow shift", "turbo", "minimax shift"),
+            display_name="OmniVideo H3 Shift",
+            category="OmniVideo/H3",
+            description=(
+                "Sets the flow shifts of the H3 sampler's two schedules (the released model: video 12, audio 3, "
+                "from its scheduler configs). A turbo / distill LoRA's recipe gives its shifts here and its steps "
+                "on the sampler."
+            ),
+            inputs=[
+                ModelType.Input("model"),
+                io.Float.Input("video_shift", default=12.0, min=0.01, max=100.0, step=0.01),
+                io.Float.Input("audio_shift", default=3.0, min=0.01, max=100.0, step=0.01),
+            ],
+            outputs=[ModelType.Output(display_name="model")],
+        )
+
+    @classmethod
+    def execute(cls, model, video_shift=12.0, audio_shift=3.0) -> io.NodeOutput:
+        check_family(model, "h3", "model", "load it with OmniVideo H3 Loader")
+        return io.NodeOutput(
+            model.replace(
+                scheduler_config={**model.scheduler_config, "shift": float(video_shift)},
+                audio_scheduler_config={**model.audio_scheduler_config, "shift": float(audio_shift)},
+            )
+        )
+
+
 NODES = [
     OmniVideoH3Loader,
     OmniVideoH3TextEncoderLoader,
@@ -341,4 +393,5 @@ NODES = [
     OmniVideoH3TextEncode,
     OmniVideoH3Decode,
     OmniVideoH3Sampler,
+    OmniVideoH3Shift,
 ]

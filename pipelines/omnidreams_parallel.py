@@ -8,6 +8,7 @@ only. Decoding stays on rank 0.
 from __future__ import annotations
 
 from ..backends import PLATFORM, release_cached_memory
+from ..models.lora import merge_recipes
 from ..models.omnidreams.loader import load_omnidreams
 from ..parallel.ops import operation
 from ..parallel.world import dtype_named
@@ -20,6 +21,7 @@ def load(world, models: dict, args: dict, tensors: dict) -> None:
         del models[other]  # one OmniDreams DiT per worker: rank 0 forgot the others (`WorkerPool.ensure_model`)
     release_cached_memory(PLATFORM)  # its memory back before the next one's weights arrive
     dit = load_omnidreams(args["path"], dtype_named(args["dtype"]), dtype_named(args["weight_dtype"]))
+    merge_recipes(dit, "omnidreams", args.get("loras", []))  # the LoRAs of OmniVideo LoRA, as rank 0 has them
     models[args["key"]] = dit.to(world.device).eval()
 
 

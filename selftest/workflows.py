@@ -157,22 +157,30 @@ def write_omnidreams_files(root: Path, python: str) -> None:
 # MiniMax-H3
 
 H3_FOLDER, H3_TE_FOLDER, H3_IMAGE = "MiniMax-H3-tiny", "qwen3vl-tiny", "h3_first_frame.png"
+H3_LORA = "h3_tiny_lora.safetensors"
 H3_SMALL = {
     "OmniVideoH3Loader": {"folder": H3_FOLDER, "dtype": "fp32"},
+    "OmniVideoH3Ref2VALoader": {"folder": H3_FOLDER, "dtype": "fp32"},
+    "OmniVideoH3References": {"width": H3_WIDTH, "height": H3_HEIGHT, "frames": H3_FRAMES},
     "OmniVideoH3TextEncoderLoader": {"folder": H3_TE_FOLDER, "dtype": "fp32", "layer": H3_TE_LAYER},
     "OmniVideoH3Sampler": {"frames": H3_FRAMES, "steps": 3, "width": H3_WIDTH, "height": H3_HEIGHT},
     "OmniVideoH3Keyframes": {"width": H3_WIDTH, "height": H3_HEIGHT},
     "LoadImage": {"image": H3_IMAGE},
+    "OmniVideoLoRA": {"lora_name": H3_LORA},
 }
 
 
 def write_h3_files(root: Path, python: str) -> None:
-    """A tiny diffusers-format H3 folder, a tiny Qwen3-VL folder and a first-frame image under `root`."""
-    from .tiny.h3 import make_models, write_folder
+    """A tiny diffusers-format H3 folder, a LoRA for it, a tiny Qwen3-VL folder and a first-frame image under `root`."""
+    from .tiny.h3 import make_models, write_folder, write_lora
     from .tiny.h3_qwen import tiny_qwen3vl, write_text_encoder_folder
 
     models = root / "models"
-    write_folder(models / "diffusers" / H3_FOLDER, *make_models(seed=5))
+    transformer, vae, audio_vae = make_models(seed=5)
+    write_folder(  # both partitions, as the HF repo: transformer/ and transformer_ref/ (ref2va)
+        models / "diffusers" / H3_FOLDER, transformer, vae, audio_vae, transformer_ref=make_models(seed=6)[0]
+    )
+    write_lora(models / "loras" / H3_LORA, transformer)
     write_text_encoder_folder(models / "text_encoders" / H3_TE_FOLDER, *tiny_qwen3vl())
     _random_image(root / "input" / H3_IMAGE)
 
@@ -229,7 +237,7 @@ def _recipes() -> dict[str, Recipe]:
 def family_of(graph: dict) -> str | None:
     """The family a graph belongs to, from its loaders (None: no recipe knows it)."""
     classes = {node["class_type"] for node in graph.values()}
-    if "OmniVideoH3Loader" in classes:
+    if classes & {"OmniVideoH3Loader", "OmniVideoH3Ref2VALoader"}:
         return "h3"
     if "OmniDreamsModelLoader" in classes:
         return "omnidreams"

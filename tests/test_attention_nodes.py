@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support.comfy_probe import run_probe
+from test_attention_npu import NPU, mindiesd  # noqa: F401  the fake torch_npu / MindIE-SD fixtures
 
+from omnivideo.attention import dispatch
 from omnivideo.attention.config import AttentionConfig
 from omnivideo.attention.layout import AttnLayout
 from omnivideo.attention.torch_impl import rainfusion_reference
-from omnivideo.integration.attention_patch import patch_grid, sampling_step
+from omnivideo.integration.attention_patch import call_layout, patch_grid, sampling_step
 from omnivideo.nodes import node_classes
 from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
 
@@ -200,6 +202,86 @@ def test_patch_grid_for_wan_and_cosmos():
     assert patch_grid((1, 16, 2, 8, 8), object()) is None
 
 
+class PackedLayout:
+    """Stand-in of core 0.33's comfy.ldm.minimax.model.PackedLayout (segments and signature only): the wrapper
+    finds the class in its model's module, here this one."""
+
+    built = 0
+
+    def __init__(self, text_len, latent_t, latent_h, latent_w, audio_t, keyframes=None, refs=None):
+        PackedLayout.built += 1
+        rows = [("text", text_len), ("cond", 4 * len(keyframes or ())), ("audio", 2 * audio_t)]
+        rows.append(("video", latent_t * (latent_h // 2) * (latent_w // 2)))
+        starts = [sum(n for _, n in rows[:i]) for i in range(len(rows) + 1)]
+        self.segments = [(a, b, kind) for a, b, (kind, _) in zip(starts, starts[1:], rows)]
+        self.seq_len = starts[-1]
+        self.signature = (text_len, latent_t, latent_h, latent_w, audio_t)
+
+
+class NativeH3:
+    patch_size = (1, 2, 2)
+
+
+def test_call_layout_of_native_h3_and_wan():
+    h3, video, audio, text = NativeH3(), torch.zeros(1, 24, 3, 15, 16), torch.zeros(1, 32, 2, 5), torch.zeros(1, 7, 8)
+    h3_args = ([video, audio], None, text, {})  # forward(x, timestep, context, transformer_options)
+    PackedLayout.built = 0
+    payload = {"keyframes": [{}], "layout": PackedLayout(7, 3, 16, 16, 5, keyframes=[{}])}  # h padded to 16
+    assert call_layout(h3, h3_args, {"minimax_payload": payload}) == (AttnLayout(7 + 4 + 10, (3, 8, 8)), 213)
+    assert PackedLayout.built == 1  # the payload's layout was used
+    assert call_layout(h3, h3_args, {}) == (AttnLayout(7 + 10, (3, 8, 8)), 209)  # built as the model builds it
+    assert PackedLayout.built == 2
+    payload["layout"] = PackedLayout(7, 3, 16, 16, 4)  # a stale layout (other audio length): rebuilt
+    assert call_layout(h3, h3_args, {"minimax_payload": payload}) == (AttnLayout(21, (3, 8, 8)), 213)
+    assert call_layout(types.SimpleNamespace(patch_size=(1, 2, 2)), h3_args, {}) == (None, None)  # no PackedLayout
+    wan = (torch.zeros(1, 16, 3, 32, 32), None, None)
+    assert call_layout(types.SimpleNamespace(patch_size=(1, 2, 2)), wan, {}) == (AttnLayout(0, GRID), None)
+
+
+class H3Executor:
+    """ComfyUI's WrapperExecutor surface around MiniMax-H3's forward([video, audio], t, context, opts, payload)."""
+
+    class_obj = NativeH3()
+
+    def __init__(self, body):
+        self.body = body
+
+    def __call__(self, x, t, context, transformer_options, minimax_payload=None):
+        return self.body(transformer_options)
+
+
+def test_native_h3_attention_runs_the_npu_paths(NPU, mindiesd, monkeypatch):  # noqa: F811
+    """On Ascend, the blocks of core's H3 go to MindIE-SD (RainFusion: its rf_v2 kernel, the rows before the video
+    dense; dense: packed varlen over the unpadded sequence); the text refiner's calls stay ComfyUI's."""
+    monkeypatch.setattr(dispatch, "PLATFORM", NPU)
+    streams, text = [torch.zeros(1, 24, 2, 32, 32), torch.zeros(1, 32, 2, 8)], torch.zeros(1, 24, 8)
+    prefix, rows = 24 + 16, 24 + 16 + 512  # [text | audio | video (2, 16, 16)]
+    q, k, v = (t.view(1, rows, H, D).transpose(1, 2) for t in qkv(rows))  # core's H3: [B, H, S, D], skip_reshape
+    refiner = torch.randn(1, H, 24, D)
+    comfy_original.calls = 0
+    dense = comfy_original(q, k, v, H, skip_reshape=True).view(1, rows, H, D)
+
+    def forward(config):
+        _, override, wrapper = patched_model(config)
+
+        def body(opts):
+            override(comfy_original, refiner, refiner, refiner, H, skip_reshape=True, transformer_options=opts)
+            return override(comfy_original, q, k, v, H, skip_reshape=True, transformer_options=opts)
+
+        comfy_original.calls = 0
+        out = wrapper(H3Executor(body), streams, None, text, {}, minimax_payload=None)
+        assert comfy_original.calls == 1 and override.__self__.stats.dense_calls == {"text refiner": 1}
+        return out.view(1, rows, H, D)
+
+    sparse = forward(AttentionConfig("rainfusion", sparsity=0.8, min_video_blocks=2))
+    assert [kind for kind, _ in mindiesd] == ["rain_fusion"] and mindiesd[0][1]["seq"] == [rows]
+    torch.testing.assert_close(sparse[:, :prefix], dense[:, :prefix], atol=2e-6, rtol=1e-5)
+    assert not torch.allclose(sparse, dense, atol=1e-3)  # the later video rows went sparse
+    mindiesd.clear()
+    torch.testing.assert_close(forward(AttentionConfig("auto", min_video_blocks=2)), dense, atol=2e-6, rtol=1e-5)
+    assert [(kind, call["cu_q"]) for kind, call in mindiesd] == [("varlen", [0, rows])]
+
+
 @pytest.mark.integration
 def test_patch_node_with_a_tiny_native_comfyui_wan_model(comfyui_path):
     path = str(comfyui_path)
@@ -213,3 +295,24 @@ def test_patch_node_with_a_tiny_native_comfyui_wan_model(comfyui_path):
     assert sparse["sparse_calls"] == 4 and sparse["realized"] > 0.1
     assert sparse["max_abs_diff"] > 1e-5 * sparse["ref_scale"]  # sparsity 0.8: runs and differs
     assert gated["dense_calls"] == {"warm-up": 1, "skip_layers": 2} and gated["sparse_calls"] == 1
+
+
+@pytest.mark.integration
+def test_patch_node_on_core_native_minimax_h3(comfyui_path):
+    """ComfyUI 0.33's own MiniMax-H3 MODEL (tiny, core's single-file format, core's sampler): RainFusion over the
+    generated video rows only, the same latent as the unpatched model at sparsity 0, the text refiner untouched."""
+    if not os.path.isfile(os.path.join(str(comfyui_path), "comfy", "ldm", "minimax", "model.py")):
+        pytest.skip(f"COMFYUI_PATH={comfyui_path} has no native MiniMax-H3 (comfy/ldm/minimax, ComfyUI 0.33+)")
+    result = run_probe("attention_native_h3_probe.py", comfyui_path)
+    zero, sparse, gated = result["0.0"], result["0.8"], result["gated"]
+    video = [[result["expected_prefix"], [2, 16, 16]]]  # [text | keyframe | audio] rows, then the video grid
+    for run in (zero, sparse, gated):
+        assert run["layouts"] == video
+        assert run["rows_vs_dense"]["prefix"] <= 1e-6 and run["rows_vs_dense"]["first_frame"] <= 1e-6
+    assert zero["sparse_calls"] == 4 and zero["dense_calls"] == {}  # 2 blocks x 2 steps, all through our op
+    assert zero["max_abs_diff"] <= 1e-5 * max(1.0, zero["ref_scale"])  # sparsity 0: core's latent
+    assert sparse["sparse_calls"] == 4 and sparse["realized"] > 0.05
+    assert sparse["rows_vs_dense"]["later_video"] > 1e-3  # only the later video rows went sparse
+    assert sparse["max_abs_diff"] > 1e-4 * sparse["ref_scale"]  # sparsity 0.8: runs and differs
+    assert gated["dense_calls"] == {"warm-up": 1, "skip_layers": 2} and gated["sparse_calls"] == 1
+    assert result["refiner"] == {"equal": True, "refiner_calls": 1, "block_sparse_calls": 4}

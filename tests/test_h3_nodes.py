@@ -42,6 +42,7 @@ def test_schemas():
         "OmniVideoH3TextEncode",
         "OmniVideoH3Decode",
         "OmniVideoH3Sampler",
+        "OmniVideoH3Shift",
     }
     decode = nodes.OmniVideoH3Decode.define_schema()
     assert [o.io_type for o in decode.outputs] == ["IMAGE", "AUDIO"]

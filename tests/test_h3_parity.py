@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffusers import MiniMaxH3Scheduler
 from support.h3_tiny import (
     FRAMES,
     HEIGHT,
@@ -17,6 +18,7 @@ from support.h3_tiny import (
 
 from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.handles import H3Conditioning
+from omnivideo.nodes.h3 import OmniVideoH3Shift
 from omnivideo.pipelines.h3 import sample
 from omnivideo.pipelines.h3.decode import decode_audio, decode_video
 from omnivideo.pipelines.h3.keyframes import encode_keyframes
@@ -88,6 +90,26 @@ def test_t2va_matches_modular_pipeline(h3):
     wave = decode_audio(audio_vae, out.audio, CPU)
     assert wave.shape[:2] == (1, 2)
     assert _max_diff(wave, ref["audio"]) <= TOL
+
+
+def test_shift_node_matches_the_pipeline_with_those_shifts(h3):
+    """OmniVideo H3 Shift (a turbo recipe's shifts) = diffusers' pipeline with schedulers of those shifts; the
+    released shifts leave the model as loaded."""
+    model, _, _, pipe = h3
+    emb, tags = text_inputs()
+    cond = H3Conditioning(text=emb, text_token_tags=tags)
+    pipe.update_components(scheduler=MiniMaxH3Scheduler(shift=5.0), audio_scheduler=MiniMaxH3Scheduler(shift=1.5))
+    try:
+        ref = _reference(pipe, emb, tags)
+    finally:
+        pipe.update_components(scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
+    shifted = OmniVideoH3Shift.execute(model, video_shift=5.0, audio_shift=1.5).args[0]
+    out = sample(shifted, cond, seed=SEED, frames=FRAMES, steps=STEPS, width=WIDTH, height=HEIGHT)
+    video, audio = _normalise(model, out)
+    assert _max_diff(video, ref["latents"]) <= TOL and _max_diff(audio, ref["audio_latents"]) <= TOL
+    released = OmniVideoH3Shift.execute(model, video_shift=12.0, audio_shift=3.0).args[0]
+    assert released.scheduler_config == model.scheduler_config
+    assert released.audio_scheduler_config == model.audio_scheduler_config
 
 
 def test_fl2va_first_and_last_keyframes_match(h3):

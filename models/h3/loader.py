@@ -2,8 +2,8 @@
 
 Sources: a diffusers-format folder (`transformer/`, `vae/`, `audio_vae/`, `scheduler/`,
 `audio_scheduler/`), optionally with the transformer taken from a single-file
-checkpoint (ComfyUI / original keys, converted with diffusers'
-`convert_minimax_h3_transformer_checkpoint_to_diffusers`).
+checkpoint in any layout core ComfyUI reads (original keys converted with diffusers'
+`convert_minimax_h3_transformer_checkpoint_to_diffusers`; core's pruned files through `adaln.py`).
 
 We build each model on the meta device and assign the checkpoint tensors, instead of
 `from_pretrained`: these classes declare `_keep_in_fp32_modules`, which makes
@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import types
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +34,33 @@ from ..checkpoint_io import (
     CheckpointError,
     build_strict,
     check_safetensors,
+    comfy_quant_layers,
+    dequantize_comfy_quant,
     dequantize_scaled_fp8,
     read_json,
     read_safetensors,
+    safetensors_keys,
+    safetensors_metadata,
     shown_name,
 )
 from ..handles import H3Model
+from . import adaln
 from .geometry import H3Geometry
 
 log = logging.getLogger("omnivideo")
 
 CLASSES = {
     "transformer": MiniMaxH3Transformer3DModel,
+    "transformer_ref": MiniMaxH3Transformer3DModel,
     "vae": AutoencoderKLMiniMaxH3,
     "audio_vae": AutoencoderKLMiniMaxH3Audio,
 }
+# The two transformer partitions of the HF repo: `transformer/` runs t2va and fl2va, `transformer_ref/` runs ref2va
+# (diffusers' `MiniMaxH3Ref2VALoopDenoiser`); the same network class and config, other weights.
+TRANSFORMER, TRANSFORMER_REF = "transformer", "transformer_ref"
+PARTITIONS = (TRANSFORMER, TRANSFORMER_REF)
+TASKS = {TRANSFORMER: "t2va/fl2va", TRANSFORMER_REF: "ref2va"}
+LOADER_NODES = {TRANSFORMER: "OmniVideo H3 Loader", TRANSFORMER_REF: "OmniVideo H3 Ref2VA Loader"}
 ORIGINAL_KEY = "token_refiner.blocks.0.attn.qkv_proj.weight"  # diffusers' marker of an original H3 checkpoint
 COMFY_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
@@ -67,8 +78,11 @@ def _read_json(path: Path) -> dict:
         raise H3LoadError(str(exc)) from None
 
 
-def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = True) -> Path:
-    """Raise a message naming what is wrong or missing in a diffusers-format H3 folder."""
+def check_folder(
+    root: str | os.PathLike, *, need_transformer_weights: bool = True, partition: str = TRANSFORMER
+) -> Path:
+    """Raise a message naming what is wrong or missing in a diffusers-format H3 folder (`partition`: the transformer
+    folder to load, transformer/ or transformer_ref/)."""
     root = Path(root)
     shown = shown_name(root)
     if not root.is_dir():
@@ -76,7 +90,7 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
             f"'{shown}' is not a folder. Put the diffusers-format MiniMax-H3 folder "
             "(transformer/, vae/, audio_vae/, scheduler/, audio_scheduler/) under models/diffusers/."
         )
-    cfg = root / "transformer" / "config.json"
+    cfg = root / partition / "config.json"
     if cfg.is_file():
         name = _read_json(cfg).get("_class_name")
         if name != "MiniMaxH3Transformer3DModel":
@@ -85,18 +99,20 @@ def check_folder(root: str | os.PathLike, *, need_transformer_weights: bool = Tr
                 "Pick the MiniMax-H3 folder."
             )
     elif need_transformer_weights:
+        other = next(p for p in PARTITIONS if p != partition)
         hint = (
-            " (it has transformer_ref/ only: that is the ref2va partition, not supported here)"
-            if (root / "transformer_ref").is_dir()
+            f" (it has {other}/: the {TASKS[other]} partition; load it with {LOADER_NODES[other]})"
+            if (root / other / "config.json").is_file()
             else ""
         )
         raise H3LoadError(
-            f"'{shown}' has no transformer/config.json{hint}; this is not a diffusers-format "
-            "MiniMax-H3 folder, or choose a single-file transformer from diffusion_models."
+            f"'{shown}' has no {partition}/config.json{hint}; this is not a diffusers-format "
+            f"MiniMax-H3 folder with the {TASKS[partition]} partition, or choose a single-file transformer from "
+            "diffusion_models."
         )
     missing = [sub for sub in ("vae", "audio_vae") if not (root / sub / "config.json").is_file()]
-    if need_transformer_weights and not _weight_files(root / "transformer"):
-        missing.append("transformer weights (*.safetensors)")
+    if need_transformer_weights and not _weight_files(root / partition):
+        missing.append(f"{partition} weights (*.safetensors)")
     missing += [
         f"{sub} weights (*.safetensors)"
         for sub in ("vae", "audio_vae")
@@ -144,8 +160,9 @@ def _read_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
 
 def _cast_with_islands(model: torch.nn.Module, dtype: torch.dtype) -> None:
     keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    also = getattr(model, "fp32_parameter", lambda name: False)  # a pruned model's AdaLN projections (adaln.py)
     for name, param in model.named_parameters():
-        want = torch.float32 if any(k in name.split(".") for k in keep) else dtype
+        want = torch.float32 if any(k in name.split(".") for k in keep) or also(name) else dtype
         if param.dtype != want:
             param.data = param.data.to(want)
 
@@ -170,9 +187,12 @@ def _rebuild_computed_buffers(model: torch.nn.Module) -> None:
         )
 
 
-def build_component(cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str):
+def build_component(
+    cls, config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, source: str, adapt=lambda m: m
+):
+    """`adapt`: what turns the freshly built (meta) model into the checkpoint's layout before its weights arrive."""
     model = build_strict(
-        lambda: cls.from_config(config),
+        lambda: adapt(cls.from_config(config)),
         state_dict,
         f"{source} does not fit {cls.__name__} with its config",
         "Check that config.json belongs to these weights.",
@@ -194,43 +214,61 @@ def load_component(root: Path, sub: str, dtype: torch.dtype):
 def convert_single_file(
     path: str | os.PathLike, config: dict, dtype: torch.dtype = torch.bfloat16
 ) -> dict[str, torch.Tensor]:
-    """A single-file H3 transformer (ComfyUI / original keys, or already diffusers keys; plain or ComfyUI's
-    scaled fp8, dequantized to `dtype`) -> diffusers keys."""
-    sd = read_safetensors(str(path))
-    for prefix in COMFY_PREFIXES:
-        if any(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()}
-    sd = dequantize_scaled_fp8(sd, dtype)
-    if "adaln_t_table" in sd:
-        raise H3LoadError(
-            f"{shown_name(path)} is a pruned MiniMax-H3 checkpoint: it stores adaln_t_table "
-            f"{tuple(sd['adaln_t_table'].shape)} "
-            "instead of the time_embedder, which diffusers' MiniMaxH3Transformer3DModel cannot run. "
-            "Use the unpruned single file (Comfy-Org/MiniMax-H3) or the MiniMaxAI/MiniMax-H3 diffusers folder."
-        )
+    """A single-file H3 transformer as core ComfyUI reads it -> diffusers keys in `dtype`: original keys (or already
+    diffusers keys), with or without core's `model.diffusion_model.` / `diffusion_model.` prefix (an all-in-one
+    checkpoint: only the prefixed transformer is read), plain, scaled fp8 or core's per-tensor fp8 mixed precision."""
+    keys = safetensors_keys(str(path))
+    prefix = next((p for p in COMFY_PREFIXES if any(k.startswith(p) for k in keys)), "")
+    sd = read_safetensors(str(path), keep=(lambda k: k.startswith(prefix)) if prefix else None)
+    sd = {k[len(prefix) :]: v for k, v in sd.items()}
+    layers = {
+        k.removeprefix(prefix): c for k, c in comfy_quant_layers(sd, safetensors_metadata(str(path)), str(path)).items()
+    }
+    sd = dequantize_comfy_quant(dequantize_scaled_fp8(sd, dtype), layers, dtype, str(path))
+    table = sd.pop(adaln.TABLE_KEY, None)  # core's pruned layout: diffusers' converter refuses it, we run it
     if ORIGINAL_KEY in sd:
+        check_rope(sd.get("rope.inv_freq"), config, path)
         sd = convert_minimax_h3_transformer_checkpoint_to_diffusers(sd, config)
     elif "transformer_blocks.0.attn.to_q.weight" not in sd:
         raise H3LoadError(
             f"{shown_name(path)} is not a MiniMax-H3 transformer (no {ORIGINAL_KEY} or diffusers block keys)."
         )
+    if table is not None:
+        sd[adaln.OUR_TABLE_KEY] = table
     return sd
 
 
-def _transformer_config(root: Path | None) -> dict:
-    """transformer/config.json of the folder when present, else the released model's (the class defaults)."""
+def check_rope(inv_freq: torch.Tensor | None, config: dict, path: str | os.PathLike) -> None:
+    """Core runs a single file with the `rope.inv_freq` it stores, diffusers recomputes it from the config: refuse a
+    file whose stored frequencies the config would not reproduce (a config from another model)."""
+    if inv_freq is None:
+        return
+    ours = MiniMaxH3RotaryPosEmbed(config["rope_freq_dim"], config["rope_theta"]).inv_freq
+    if inv_freq.shape != ours.shape or not torch.allclose(inv_freq.float(), ours, rtol=1e-5, atol=0):
+        raise H3LoadError(
+            f"{shown_name(path)}: rope.inv_freq {tuple(inv_freq.shape)} differs from the frequencies of the folder's "
+            f"transformer config (rope_freq_dim={config['rope_freq_dim']}, rope_theta={config['rope_theta']}). "
+            "Pick the MiniMax-H3 folder whose transformer/config.json belongs to this file."
+        )
+
+
+def _transformer_config(root: Path | None, partition: str = TRANSFORMER) -> dict:
+    """The partition's config.json in the folder when present (else transformer/config.json: both partitions are the
+    same network), else the released model's (the class defaults)."""
     defaults = {
         n: p.default
         for n, p in inspect.signature(MiniMaxH3Transformer3DModel.__init__).parameters.items()
         if n != "self"
     }
-    if root is not None and (root / "transformer" / "config.json").is_file():
-        return {**defaults, **_read_json(root / "transformer" / "config.json")}
+    for sub in dict.fromkeys((partition, TRANSFORMER)):
+        if root is not None and (root / sub / "config.json").is_file():
+            return {**defaults, **_read_json(root / sub / "config.json")}
     return defaults
 
 
 def geometry_of(transformer, vae, audio_vae) -> H3Geometry:
-    pt, ph, pw = transformer.config.patch_size
+    """`transformer` None: the released patch (what the ref2va reference encoder, which has only the VAEs, uses)."""
+    pt, ph, pw = H3Geometry.patch_size if transformer is None else transformer.config.patch_size
     return H3Geometry(
         spatial_ratio=int(vae.spatial_compression_ratio),
         frames_per_chunk=int(vae.config.clip_length),
@@ -272,18 +310,22 @@ def load_h3(
     transformer_file: str | os.PathLike | None = None,
     device: torch.device | None = None,
     attention=None,
+    partition: str = TRANSFORMER,
 ):
     """-> (H3Model, video VAE, audio VAE): each network held by a ComfyUI ModelPatcher, its weights on the CPU
     until ComfyUI loads them. `dtype` may be 'fp8_e4m3fn' (block matrices stored in fp8, computing in the 'auto'
-    dtype); `device` is where they run outside ComfyUI (default: the backend registry's)."""
+    dtype); `device` is where they run outside ComfyUI (default: the backend registry's); `partition`: transformer
+    (t2va/fl2va) or transformer_ref (ref2va), the folder's or, with `transformer_file`, that file's weights."""
     device = device or PLATFORM.device
     weight_dtype, dtype = resolve_weight_dtype(dtype, device)
-    root = check_folder(folder, need_transformer_weights=transformer_file is None)
-    subs = ("vae", "audio_vae") if transformer_file is not None else ("transformer", "vae", "audio_vae")
+    if partition not in PARTITIONS:
+        raise H3LoadError(f"partition {partition!r}: H3 has {' and '.join(PARTITIONS)}.")
+    root = check_folder(folder, need_transformer_weights=transformer_file is None, partition=partition)
+    subs = ("vae", "audio_vae") if transformer_file is not None else (partition, "vae", "audio_vae")
     files = [f for sub in subs for f in _weight_files(root / sub)] + ([transformer_file] if transformer_file else [])
     for file in files:  # every file's header first: a truncated download fails before any heavy load
         check_safetensors(str(file))
-    transformer = load_transformer(root, transformer_file, dtype)
+    transformer = load_transformer(root, transformer_file, dtype, partition)
     if weight_dtype != dtype:
         store_blocks_in(transformer, weight_dtype, dtype)
     compat.make_castable(transformer, compat.operations(weight_dtype, dtype, device))
@@ -302,36 +344,49 @@ def load_h3(
         scheduler_config=video_cfg,
         audio_scheduler_config=audio_cfg,
         source=str(root),
-        load_args=weights_recipe(root, transformer_file, dtype, weight_dtype),
+        partition=partition,
+        load_args=weights_recipe(root, transformer_file, dtype, weight_dtype, partition),
     )
     return model, compat.manage(vae, "vae", device), compat.manage(audio_vae, "vae", device)
 
 
 def load_transformer(
-    root: Path, transformer_file: str | os.PathLike | None, dtype: torch.dtype
+    root: Path, transformer_file: str | os.PathLike | None, dtype: torch.dtype, partition: str = TRANSFORMER
 ) -> MiniMaxH3Transformer3DModel:
-    """The transformer of a checked folder, or from a single file (with the folder's config), in `dtype`."""
+    """The transformer of a checked folder (its `partition`), or from a single file (with the folder's config), in
+    `dtype`."""
     if transformer_file is None:
-        return load_component(root, "transformer", dtype)
-    config = _transformer_config(root)
+        return load_component(root, partition, dtype)
+    config = _transformer_config(root, partition)
+    sd = convert_single_file(transformer_file, config, dtype)
+    table = sd.get(adaln.OUR_TABLE_KEY)
+    if table is None:
+        return build_component(MiniMaxH3Transformer3DModel, config, sd, dtype, shown_name(transformer_file))
+    grid, width = table.shape
     return build_component(
         MiniMaxH3Transformer3DModel,
-        config,
-        convert_single_file(transformer_file, config, dtype),
+        {**config, "time_embed_dim": width},  # the AdaLN projections read the table's k columns
+        sd,
         dtype,
         shown_name(transformer_file),
+        adapt=lambda model: adaln.adopt_curve_adaln(model, grid, dtype),
     )
 
 
 def weights_recipe(
-    root: Path, transformer_file: str | os.PathLike | None, dtype: torch.dtype, weight_dtype: torch.dtype
+    root: Path,
+    transformer_file: str | os.PathLike | None,
+    dtype: torch.dtype,
+    weight_dtype: torch.dtype,
+    partition: str = TRANSFORMER,
 ) -> dict:
     """What a parallel worker needs to load the same transformer (`load_transformer`), JSON; the files' modification
     times tell a replaced file from the one a worker already holds."""
-    files = [Path(transformer_file)] if transformer_file is not None else _weight_files(root / "transformer")
+    files = [Path(transformer_file)] if transformer_file is not None else _weight_files(root / partition)
     return {
         "folder": str(root),
         "transformer_file": None if transformer_file is None else str(transformer_file),
+        "partition": partition,
         "mtime_ns": [os.stat(f).st_mtime_ns for f in files],
         "dtype": str(dtype),
         "weight_dtype": str(weight_dtype),
@@ -340,18 +395,12 @@ def weights_recipe(
 
 def store_blocks_in(transformer: MiniMaxH3Transformer3DModel, weight_dtype: torch.dtype, dtype: torch.dtype) -> None:
     """fp8 weights: every matrix of the token refiner and the block stack (AdaLN projections included: all but ~1%
-    of the weights) is stored in `weight_dtype`; ComfyUI's cast layers compute with it in `dtype`."""
+    of the weights; a pruned model's tiny fp32 ones excepted) is stored in `weight_dtype`; ComfyUI's cast layers
+    compute with it in `dtype`."""
+    fp32 = getattr(transformer, "fp32_parameter", lambda name: False)
     for name, module in transformer.named_modules():
         if isinstance(module, torch.nn.Linear) and name.startswith(("transformer_blocks.", "token_refiner.")):
-            module.weight.data = module.weight.data.to(weight_dtype)
-        elif isinstance(module, MiniMaxH3AdaLayerNormModulation):
-            module.compute_dtype = dtype
-            module.forward = types.MethodType(_modulation_forward, module)
-
-
-def _modulation_forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    # Copied from diffusers' MiniMaxH3AdaLayerNormModulation.forward, casting to the compute dtype instead of its
-    # projection's parameter dtype (fp8 storage is not a dtype to compute in).
-    temb = self.linear(torch.nn.functional.silu(temb).to(self.compute_dtype))
-    temb = temb.view(-1, 6 * self.hidden_size)
-    return temb.chunk(6, dim=-1)
+            if not fp32(f"{name}.weight"):
+                module.weight.data = module.weight.data.to(weight_dtype)
+        elif isinstance(module, MiniMaxH3AdaLayerNormModulation) and not hasattr(module, "compute_dtype"):
+            adaln.install_modulation(module, dtype, dtype)

@@ -1,8 +1,11 @@
 """Qwen3-VL text encoding for MiniMax-H3, from local files only.
 
-The presentation is diffusers' (`MiniMaxH3TextEncoderStep` / `MiniMaxH3FL2VATextEncoderStep`):
-the prompt verbatim, no chat template, no special tokens; with keyframes, each is preceded
-by a "<Picture i>: " label and a vision block whose rows are tagged video. The encoder call
+The presentation is diffusers' (`MiniMaxH3TextEncoderStep` / `MiniMaxH3FL2VATextEncoderStep` /
+`MiniMaxH3Ref2VATextEncoderStep`): the prompt verbatim, no chat template, no special tokens; with
+keyframes, each is preceded by a "<Picture i>: " label and a vision block whose rows are tagged video;
+with ref2va references, diffusers' own presentation builder labels them "<Picture i>: " + vision block,
+"<Audio j>: " (a soundtrack before its video), "<Video k>: " + one timestamped vision block per merged
+frame pair (Qwen3-VL's video processor, which needs torchvision). The encoder call
 itself is diffusers' public `get_qwen3vl_prompt_embeds` (hidden_states[layer], default 50).
 Embeddings can be saved to / loaded from .safetensors so the 32B encoder need not be loaded.
 """
@@ -15,8 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
-from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
+from diffusers.modular_pipelines.minimax_h3.encoders import MiniMaxH3Ref2VATextEncoderStep, get_qwen3vl_prompt_embeds
+from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+    MINIMAX_H3_FPS,
+    MINIMAX_H3_TEXT_TAG,
+    MINIMAX_H3_VIDEO_TAG,
+)
 
 from ... import compat
 from ..checkpoint_io import files_missing, read_json, shown_name
@@ -26,6 +33,7 @@ DEFAULT_LAYER = 50  # MiniMaxH3ModularPipeline.text_encoder_layer
 EMBEDDING_KEY, TAGS_KEY = "prompt_embeds", "text_token_tags"
 VISION_TAG = MINIMAX_H3_VIDEO_TAG  # the row tag of keyframe vision-block tokens (diffusers' video tag)
 MODEL_TYPE = "qwen3_vl"
+REF2VA = MiniMaxH3Ref2VATextEncoderStep()  # its presentation helpers; reads a reference video at 2 fps
 
 
 def vision_rows(tags: torch.Tensor) -> int:
@@ -121,12 +129,34 @@ def presentation(tokenizer, processor, prompt: str, keyframes: list) -> tuple[li
     return token_ids + ids, tags + [MINIMAX_H3_TEXT_TAG] * len(ids), vision
 
 
+def ref2va_presentation(tokenizer, processor, prompt: str, references: list) -> tuple[list[int], list[int], dict]:
+    """Token ids, H3 row tags and vision inputs of a ref2va request (`references`: normalised, packed order)."""
+    if any(r.kind == "video" for r in references) and getattr(processor, "video_processor", None) is None:
+        raise ValueError(
+            "A reference video is shown to Qwen3-VL through its video processor, which this processor lacks "
+            "(transformers builds it only with torchvision installed). Install torchvision or use image references."
+        )
+    vision, image_counts, video_counts, timestamps = REF2VA._gather_vision_features(
+        processor, references, MINIMAX_H3_FPS
+    )
+    token_ids, tags = REF2VA._build_presentation(
+        tokenizer, prompt, references, image_counts, video_counts, timestamps, MINIMAX_H3_TEXT_TAG, MINIMAX_H3_VIDEO_TAG
+    )
+    return token_ids, tags, vision
+
+
 @torch.no_grad()
-def encode_prompt(te: H3TextEncoder, prompt: str, keyframes: list | tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (embeds [1, N, text_dim] in the encoder's dtype on CPU, tags [N] long), run where ComfyUI loads it."""
+def encode_prompt(
+    te: H3TextEncoder, prompt: str, keyframes: list | tuple = (), references: list | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (embeds [1, N, text_dim] in the encoder's dtype on CPU, tags [N] long), run where ComfyUI loads it.
+    `keyframes` (fl2va, PIL on the canvas) or `references` (ref2va, normalised) or neither."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("The H3 prompt must be a non-empty string.")
-    token_ids, tags, vision = presentation(te.tokenizer, te.processor, prompt, list(keyframes))
+    if references:
+        token_ids, tags, vision = ref2va_presentation(te.tokenizer, te.processor, prompt, references)
+    else:
+        token_ids, tags, vision = presentation(te.tokenizer, te.processor, prompt, list(keyframes))
     model = compat.loaded(te.patcher)
     embeds = get_qwen3vl_prompt_embeds(
         model,

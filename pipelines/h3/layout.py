@@ -1,7 +1,8 @@
-"""The packed sequence `[text | keyframe rows | audio | video]` and its per-step timestep plan.
+"""The packed sequence `[text | keyframe or reference rows | audio | video]` and its per-step timestep plan.
 
 Positions, tags and row indices come from diffusers' own public builders
-(`MiniMaxH3PrepareLayoutStep.build_packed_sequence`,
+(`MiniMaxH3PrepareLayoutStep.build_packed_sequence`, for ref2va
+`MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence`,
 `MiniMaxH3SetTimestepsStep.build_row_timesteps`), so the layout is the reference's by
 construction. What is ours: the attention metadata (video start, patch grid, text
 length) and the optional `[real | pad]` padding for packed varlen backends.
@@ -10,10 +11,12 @@ length) and the optional `[real | pad]` padding for packed varlen backends.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from diffusers.modular_pipelines.minimax_h3.before_denoise import (
     MiniMaxH3PrepareLayoutStep,
+    MiniMaxH3Ref2VAPrepareLayoutStep,
     MiniMaxH3SetTimestepsStep,
     patchify_video_latents,
 )
@@ -26,9 +29,35 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
 from ...models.h3.geometry import AUDIO_CHANNELS, H3Geometry, H3Shape
 
 KEYFRAME_T = 0.999  # MiniMaxH3ModularPipeline.keyframe_noise_aug: anchors are held just short of clean
+REFERENCE_AUDIO_T = 1.0  # a reference soundtrack rides along clean (MiniMaxH3SetTimestepsStep)
 PAD_MULTIPLE = 128  # packed varlen backends see S rounded up to this (the [real | pad] contract)
 
-__all__ = ["H3Layout", "build_layout", "patchify_video_latents", "unpatchify_video", "unpack_audio", "KEYFRAME_T"]
+__all__ = [
+    "H3Layout",
+    "ReferenceBlocks",
+    "ReferenceSlot",
+    "build_layout",
+    "patchify_video_latents",
+    "unpatchify_video",
+    "unpack_audio",
+    "KEYFRAME_T",
+]
+
+
+class ReferenceSlot(NamedTuple):
+    """One ref2va reference as the layout reads it (diffusers' builder reads `kind` and `has_audio` only)."""
+
+    kind: str  # image | video | audio
+    has_audio: bool
+
+
+class ReferenceBlocks(NamedTuple):
+    """The ref2va reference blocks: their slots in packed order, the video latents of the image / video references
+    and the audio rows of the soundtracks / audio references (their shapes are the blocks' geometry)."""
+
+    slots: tuple[ReferenceSlot, ...]
+    latents: tuple[torch.Tensor, ...]
+    audio_rows: tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -45,6 +74,7 @@ class H3Layout:
     grid: tuple[int, int, int]  # target video patch grid (t, h, w)
     real_len: int  # rows holding data
     total_len: int  # rows including the padding suffix (== real_len when unpadded)
+    num_condition_audio_rows: int = 0  # ref2va: the reference soundtracks' rows, first among the audio rows
 
     def forward_kwargs(self) -> dict:
         return {
@@ -56,17 +86,18 @@ class H3Layout:
         }
 
     def row_timesteps(self, video_t: float, audio_t: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distinct timesteps, per-row index) for one step; keyframe rows sit at max(t, 0.999)."""
+        """(distinct timesteps, per-row index) for one step; keyframe / reference rows sit at max(t, 0.999), reference
+        audio rows at 1 (clean)."""
         unique, index = MiniMaxH3SetTimestepsStep.build_row_timesteps(
             self.video_indices.cpu(),
             self.audio_indices.cpu(),
             self.num_condition_video_rows,
-            0,
+            self.num_condition_audio_rows,
             self.num_text,
             float(video_t),
             float(audio_t),
             max(float(video_t), KEYFRAME_T),
-            1.0,
+            REFERENCE_AUDIO_T,
         )
         if self.total_len > self.real_len:  # padding rows reuse entry 0; their outputs are never read
             index = torch.cat([index, index.new_zeros(self.total_len - self.real_len)])
@@ -84,21 +115,20 @@ def build_layout(
     geo: H3Geometry,
     keyframe_anchors: tuple[str, ...] = (),
     pad_to: int | None = None,
+    references: ReferenceBlocks | None = None,
 ) -> H3Layout:
-    position_ids, token_tags, video_idx, audio_idx, text_idx, n_cond, _ = (
-        MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-            text_token_tags.cpu(),
-            shape.num_latent_frames,
-            shape.latent_height,
-            shape.latent_width,
-            shape.num_audio_latents,
-            tuple(geo.patch_size),
-            AUDIO_CHANNELS,
-            MINIMAX_H3_AUDIO_TAG,
-            MINIMAX_H3_VIDEO_TAG,
-            tuple(keyframe_anchors),
+    """`keyframe_anchors` (fl2va) or `references` (ref2va) or neither (t2va)."""
+    target = (shape.num_latent_frames, shape.latent_height, shape.latent_width, shape.num_audio_latents)
+    tags = (tuple(geo.patch_size), AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG, MINIMAX_H3_VIDEO_TAG)
+    if references is None:
+        packed = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+            text_token_tags.cpu(), *target, *tags, tuple(keyframe_anchors)
         )
-    )
+    else:
+        packed = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+            text_token_tags.cpu(), list(references.slots), references.latents, references.audio_rows, *target, *tags
+        )
+    position_ids, token_tags, video_idx, audio_idx, text_idx, n_cond, n_cond_audio = packed
     _, ph, pw = geo.patch_size
     num_text = int(text_idx.numel())
     real_len = int(position_ids.shape[0])
@@ -124,6 +154,7 @@ def build_layout(
         grid,
         real_len,
         total_len,
+        int(n_cond_audio),
     )
 
 

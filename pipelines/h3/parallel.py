@@ -19,6 +19,7 @@ from ... import compat
 from ...attention.sequence_parallel import SequenceShard
 from ...backends import PLATFORM, release_cached_memory
 from ...models.h3.loader import load_transformer
+from ...models.lora import merge_recipes
 from ...parallel.ops import operation
 from ...parallel.pool import WorkerPool, ensure_pool
 from ...parallel.world import World, dtype_named
@@ -98,7 +99,10 @@ def load(world: World, models: dict, args: dict, tensors: dict) -> None:
     for other in [k for k in models if k.startswith(FAMILY)]:
         del models[other]  # one H3 transformer per worker: rank 0 forgot the others (`WorkerPool.ensure_model`)
     release_cached_memory(PLATFORM)  # its memory back before the next one's weights arrive
-    transformer = load_transformer(Path(args["folder"]), args["transformer_file"], dtype_named(args["dtype"]))
+    transformer = load_transformer(
+        Path(args["folder"]), args["transformer_file"], dtype_named(args["dtype"]), args.get("partition", "transformer")
+    )
+    merge_recipes(transformer, "h3", args.get("loras", []))  # the LoRAs of OmniVideo LoRA, as rank 0 has them
     models[args["key"]] = transformer.to(world.device)
 
 

@@ -1,9 +1,10 @@
-"""MiniMax-H3 sampling: t2va and fl2va over one packed sequence, two schedules, fp32 Euler.
+"""MiniMax-H3 sampling: t2va, fl2va and ref2va over one packed sequence, two schedules, fp32 Euler.
 
-Mirrors diffusers' modular `minimax_h3` denoise (checked to 1e-5 by tests/test_h3_parity.py):
-keyframe noise first, then video noise, then audio noise, all from one CPU generator;
-keyframe rows held at t = max(t, 0.999) and never written; one forward per step
-(guidance-distilled). `steps` counts sigma grid points, so 50 steps = 49 forwards.
+Mirrors diffusers' modular `minimax_h3` denoise (checked to 1e-5 by tests/test_h3_parity.py and
+tests/test_h3_ref2va.py): keyframe / reference noise first (one draw per visual condition, packed order), then
+video noise, then audio noise, all from one CPU generator; keyframe / reference rows held at t = max(t, 0.999),
+reference soundtracks clean at t = 1, none of them ever written; one forward per step (guidance-distilled).
+ref2va runs on the transformer_ref partition. `steps` counts sigma grid points, so 50 steps = 49 forwards.
 
 One loop (`denoise`) for one process and for a world of them (`model.world_size` > 1, pipelines/h3/parallel.py):
 there every rank runs it on its share of the packed sequence and rank 0 decodes.
@@ -25,11 +26,21 @@ from ...attention.sequence_parallel import SINGLE, SequenceShard
 from ...models.h3.attention import h3_attention, uses_packing
 from ...models.h3.geometry import AUDIO_CHANNELS, H3Geometry, resolve_shape
 from ...models.handles import H3Conditioning, H3Model, check_family
-from .layout import KEYFRAME_T, PAD_MULTIPLE, build_layout, patchify_video_latents, unpack_audio, unpatchify_video
+from .layout import (
+    KEYFRAME_T,
+    PAD_MULTIPLE,
+    ReferenceBlocks,
+    ReferenceSlot,
+    build_layout,
+    patchify_video_latents,
+    unpack_audio,
+    unpatchify_video,
+)
 
 log = logging.getLogger("omnivideo")
 
 DEFAULT_STEPS = 50  # sigma points incl. the terminal 0 -> 49 forwards; turbo LoRAs use 4-8
+REF2VA_PARTITION = "transformer_ref"  # models.h3.loader.TRANSFORMER_REF (the layers point down only)
 
 
 def _progress_bar(progress, total: int):
@@ -65,6 +76,7 @@ class H3Job:
     text: torch.Tensor  # [1, Nt, text_dim]
     text_token_tags: torch.Tensor  # [Nt]
     keyframe_latents: tuple[torch.Tensor, ...] = ()
+    references: ReferenceBlocks | None = None  # ref2va
 
     def message(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """(JSON args, named tensors) for `World.send`; `from_message` is the inverse."""
@@ -80,9 +92,13 @@ class H3Job:
             "scheduler_config": dict(self.scheduler_config),
             "audio_scheduler_config": dict(self.audio_scheduler_config),
             "keyframes": len(self.keyframe_latents),
+            "references": None if self.references is None else [list(s) for s in self.references.slots],
         }
         tensors = {"text": self.text, "text_token_tags": self.text_token_tags}
         tensors.update({f"keyframe.{i}": lat for i, lat in enumerate(self.keyframe_latents)})
+        if self.references is not None:
+            tensors.update({f"reference.{i}": lat for i, lat in enumerate(self.references.latents)})
+            tensors.update({f"reference_audio.{i}": rows for i, rows in enumerate(self.references.audio_rows)})
         return args, tensors
 
     @classmethod
@@ -102,7 +118,20 @@ class H3Job:
             text=tensors["text"],
             text_token_tags=tensors["text_token_tags"],
             keyframe_latents=tuple(tensors[f"keyframe.{i}"] for i in range(args["keyframes"])),
+            references=_references_from(args.get("references"), tensors),
         )
+
+
+def _references_from(slots: list | None, tensors: dict[str, torch.Tensor]) -> ReferenceBlocks | None:
+    if slots is None:
+        return None
+    visual = sum(kind != "audio" for kind, _ in slots)
+    audio = sum(bool(has_audio) for _, has_audio in slots)
+    return ReferenceBlocks(
+        tuple(ReferenceSlot(kind, bool(has_audio)) for kind, has_audio in slots),
+        tuple(tensors[f"reference.{i}"] for i in range(visual)),
+        tuple(tensors[f"reference_audio.{i}"] for i in range(audio)),
+    )
 
 
 def sample(
@@ -168,6 +197,7 @@ def plan_job(
                 f"{width}x{height}; set the same width and height on OmniVideo H3 Keyframes and the sampler."
             )
     shape = resolve_shape(frames, width, height, model.geometry)  # the size checks, before any work
+    references = _check_references(model, conditioning, shape.num_frames, int(width), int(height))
     return H3Job(
         seed=int(seed),
         steps=steps,
@@ -182,7 +212,36 @@ def plan_job(
         text=conditioning.text,
         text_token_tags=tags,
         keyframe_latents=tuple((keyframes or {}).get("latents", [])),
+        references=references,
     )
+
+
+def _check_references(model: H3Model, conditioning: H3Conditioning, frames: int, width: int, height: int):
+    """ref2va <-> the transformer_ref partition, and references encoded for this request: the layout's blocks."""
+    refs = conditioning.references
+    ref2va_model = getattr(model, "partition", "transformer") == REF2VA_PARTITION
+    if refs is None:
+        if ref2va_model:
+            raise ValueError(
+                "This H3 model is the ref2va partition (transformer_ref), which needs references: connect OmniVideo "
+                "H3 References to H3 Text Encode, or load the t2va/fl2va transformer with OmniVideo H3 Loader for text "
+                "or keyframes alone."
+            )
+        return None
+    if not ref2va_model:
+        raise ValueError(
+            "The conditioning carries ref2va references but this H3 model is the t2va/fl2va transformer: load the "
+            "transformer_ref weights with OmniVideo H3 Ref2VA Loader."
+        )
+    if conditioning.keyframes:
+        raise ValueError("H3 runs keyframes (fl2va) or references (ref2va), not both: connect one to H3 Text Encode.")
+    if (refs.width, refs.height, refs.frames) != (width, height, frames):
+        raise ValueError(
+            f"The references were prepared for {refs.width}x{refs.height}, {refs.frames} frames but the sampler asks "
+            f"for {width}x{height}, {frames} frames (after snapping to 17n+5); set the same width, height and frames "
+            "on OmniVideo H3 References and the sampler."
+        )
+    return refs.blocks()
 
 
 def denoise(
@@ -208,17 +267,20 @@ def denoise(
     # padding is the same: the ranks split the padded sequence, and attention sees all of it again after the
     # all-to-all, with the same layout.
     pad_to = PAD_MULTIPLE if uses_packing(config) else None
-    layout = build_layout(job.text_token_tags, shape, geo, job.anchors, pad_to=pad_to).to(device)
+    layout = build_layout(job.text_token_tags, shape, geo, job.anchors, pad_to=pad_to, references=job.references)
+    layout = layout.to(device)
 
     video_sched = MiniMaxH3Scheduler.from_config(job.scheduler_config)
     audio_sched = MiniMaxH3Scheduler.from_config(job.audio_scheduler_config)
     video_sched.set_timesteps(job.steps)
     audio_sched.set_timesteps(job.steps)
 
-    # Draw order is part of what the seed reproduces: keyframe noise, video noise, audio noise.
+    # Draw order is part of what the seed reproduces: keyframe / reference noise, video noise, audio noise.
     generator = torch.Generator("cpu").manual_seed(job.seed)
+    conditions = job.keyframe_latents if job.references is None else job.references.latents
+    reference_audio = () if job.references is None else job.references.audio_rows
     rows = []
-    for lat in job.keyframe_latents:
+    for lat in conditions:
         noise = randn_tensor(lat.shape, generator=generator, device=torch.device("cpu"), dtype=torch.float32)
         rows.append(patchify_video_latents(video_sched.scale_noise(lat.float(), KEYFRAME_T, noise), geo.patch_size))
     video_noise = randn_tensor(
@@ -229,15 +291,19 @@ def denoise(
     )
     rows.append(patchify_video_latents(video_noise, geo.patch_size))
     latents = torch.cat(rows).to(device)
-    audio = randn_tensor(
+    audio_noise = randn_tensor(
         (shape.num_audio_latents * AUDIO_CHANNELS, geo.audio_latent_channels),
         generator=generator,
         device=torch.device("cpu"),
         dtype=torch.float32,
-    ).to(device)
-    n_cond = layout.num_condition_video_rows
+    )
+    audio = torch.cat([*(r.float() for r in reference_audio), audio_noise]).to(device)  # reference soundtracks first
+    n_cond, n_cond_audio = layout.num_condition_video_rows, layout.num_condition_audio_rows
     if latents.shape[0] - n_cond != layout.grid[0] * layout.grid[1] * layout.grid[2]:
-        raise ValueError("keyframe latents do not match the canvas; re-run OmniVideo H3 Keyframes at this size.")
+        raise ValueError(
+            "keyframe / reference latents do not match the canvas; re-run OmniVideo H3 Keyframes or References at "
+            "this size."
+        )
 
     forward_kwargs = layout.forward_kwargs()
     text = job.text.to(device)
@@ -258,11 +324,13 @@ def denoise(
                 **forward_kwargs,
             )
             latents[n_cond:] = video_sched.step(v_pred[0, n_cond:].float(), t, latents[n_cond:], return_dict=False)[0]
-            audio = audio_sched.step(a_pred[0].float(), ta, audio, return_dict=False)[0]
+            audio[n_cond_audio:] = audio_sched.step(
+                a_pred[0, n_cond_audio:].float(), ta, audio[n_cond_audio:], return_dict=False
+            )[0]
             del v_pred, a_pred
             if bar is not None:
                 bar.update(1)
-    return latents[n_cond:], audio
+    return latents[n_cond:], audio[n_cond_audio:]
 
 
 def denormalize(model: H3Model, video: torch.Tensor, audio: torch.Tensor):

@@ -76,10 +76,14 @@ def make_models(seed: int = 0, **transformer_overrides):
     return transformer, vae, audio_vae
 
 
-def write_folder(root: Path, transformer, vae, audio_vae, *, transformer_weights: bool = True) -> Path:
-    """A diffusers-format H3 folder as the HF repo lays it out (the parts we load)."""
+def write_folder(
+    root: Path, transformer, vae, audio_vae, *, transformer_weights: bool = True, transformer_ref=None
+) -> Path:
+    """A diffusers-format H3 folder as the HF repo lays it out (the parts we load); `transformer` None leaves out
+    transformer/, `transformer_ref` (the ref2va partition) adds transformer_ref/."""
     root.mkdir(parents=True, exist_ok=True)
-    for sub, model in (("transformer", transformer), ("vae", vae), ("audio_vae", audio_vae)):
+    parts = (("transformer", transformer), ("transformer_ref", transformer_ref), ("vae", vae), ("audio_vae", audio_vae))
+    for sub, model in ((sub, model) for sub, model in parts if model is not None):
         (root / sub).mkdir(exist_ok=True)
         model.save_config(str(root / sub))  # config.json with _class_name, as save_pretrained writes it
         if sub != "transformer" or transformer_weights:
@@ -90,3 +94,17 @@ def write_folder(root: Path, transformer, vae, audio_vae, *, transformer_weights
     for sub, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
         MiniMaxH3Scheduler(shift=shift).save_config(str(root / sub))
     return root
+
+
+def write_lora(path: Path, transformer, seed: int = 0, rank: int = 4) -> Path:
+    """A diffusers-format LoRA (`transformer.<module>.lora_A/B.weight`) on every Linear of the block stack."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name, module in transformer.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.startswith("transformer_blocks."):
+            rows, cols = module.weight.shape
+            sd[f"transformer.{name}.lora_A.weight"] = torch.randn(rank, cols, generator=g) * 0.1
+            sd[f"transformer.{name}.lora_B.weight"] = torch.randn(rows, rank, generator=g) * 0.1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path))
+    return path

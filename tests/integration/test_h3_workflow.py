@@ -23,6 +23,13 @@ H3_NODES = (
     "OmniVideoH3Keyframes",
     "OmniVideoH3Decode",
     "OmniVideoH3Sampler",
+    "OmniVideoLoRA",
+    "OmniVideoH3Shift",
+    "OmniVideoH3Ref2VALoader",
+    "OmniVideoH3ReferenceImage",
+    "OmniVideoH3ReferenceVideo",
+    "OmniVideoH3ReferenceAudio",
+    "OmniVideoH3References",
 )
 
 
@@ -43,7 +50,8 @@ def test_h3_nodes_are_registered(object_info):
     assert not missing, f"not in /object_info: {missing} (add them to nodes/__init__.py NODES)"
 
 
-@pytest.mark.parametrize("name", ["h3_t2va", "h3_fl2va", "h3_t2va_sp"])  # _sp: world size 2, a worker process
+# _sp: world size 2, a worker process; _turbo_lora: OmniVideo LoRA with the tiny LoRA from models/loras
+@pytest.mark.parametrize("name", ["h3_t2va", "h3_fl2va", "h3_t2va_sp", "h3_t2va_turbo_lora", "h3_ref2va"])
 def test_h3_workflow_writes_video_with_audio(comfy_server, h3_files, report, api_graph, probe_video, name):
     graph, prefix = api_graph(name, SMALL)
     video = comfy_server.run_video(graph, prefix, timeout=400)
@@ -73,3 +81,20 @@ def test_h3_networks_are_comfyui_loaded_models_until_free(comfy_server, h3_files
     assert ours <= set(loaded), loaded
     comfy_server.free(unload_models=True)
     assert not ours & set(comfy_server.loaded_models())
+
+
+def test_h3_ref2va_with_a_video_reference(comfy_server, h3_files, api_graph, probe_video):
+    """The shipped ref2va graph with a reference video chained after its image (core EmptyImage frames): Qwen3-VL's
+    video processor (torchvision, in ComfyUI's venv) labels its timestamped vision blocks, the sampler packs it."""
+    graph, prefix = api_graph("h3_ref2va", SMALL)
+    image_ref = next(nid for nid, node in graph.items() if node["class_type"] == "OmniVideoH3ReferenceImage")
+    encode = next(nid for nid, node in graph.items() if node["class_type"] == "OmniVideoH3References")
+    graph["frames"] = {"class_type": "EmptyImage", "inputs": {"width": 80, "height": 48, "batch_size": 30, "color": 0}}
+    graph["video_ref"] = {
+        "class_type": "OmniVideoH3ReferenceVideo",
+        "inputs": {"frames": ["frames", 0], "fps": 24.0, "references": [image_ref, 0]},
+    }
+    graph[encode]["inputs"]["references"] = ["video_ref", 0]
+    video = comfy_server.run_video(graph, prefix, timeout=400)
+    info = probe_video(comfy_server.python, video)
+    assert (info["frames"], info["w"], info["h"], info["audio"]) == (FRAMES, WIDTH, HEIGHT, 1), info

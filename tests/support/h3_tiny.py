@@ -94,3 +94,32 @@ def reference_pipeline(transformer, vae, audio_vae):
         audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
     )
     return pipe
+
+
+# ref2va at the tiny size: diffusers' pipeline configured to the canvas rule our sampler derives from the request
+# (short edge and pixel budget of WIDTH x HEIGHT) and a small image-reference edge (2048 would be slow on the CPU).
+REF_IMAGE_EDGE = 64
+
+
+def reference_ref2va_pipeline(transformer_ref, vae, audio_vae):
+    """diffusers' modular pipeline for ref2va (its `transformer_ref`), minus its text encoder, at the tiny canvas."""
+    pipe = reference_pipeline(transformer_ref, vae, audio_vae)
+    pipe.update_components(transformer_ref=transformer_ref)
+    pipe.register_to_config(
+        reference_image_short_edge=REF_IMAGE_EDGE,
+        canvas_short_edge=min(WIDTH, HEIGHT),
+        canvas_max_pixels=WIDTH * HEIGHT,
+    )
+    return pipe
+
+
+def reference_media(seed: int = 0):
+    """(image, video frames [T, H, W, 3] uint8 at 24 fps, its soundtrack [2, n], an audio clip [1, n]) at the
+    audio VAE's 32 kHz."""
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 255, (80, 120, 3), dtype=np.uint8))
+    frames = rng.integers(0, 255, (30, 48, 80, 3), dtype=np.uint8)
+    g = torch.Generator().manual_seed(seed)
+    soundtrack = torch.randn(2, 32000, generator=g) * 0.1
+    clip = torch.randn(1, 16000, generator=g) * 0.1
+    return image, frames, soundtrack, clip
