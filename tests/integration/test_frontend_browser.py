@@ -278,6 +278,19 @@ def _template_titles() -> list[str]:
     return [line.split("=", 1)[1].strip() for line in lines if "=" in line and not line.startswith("#")]
 
 
+def _template_card(page, browser, title: str):
+    """`title`'s card; frontend 1.2x (ComfyUI 0.3.64) renders a category's cards 12 at a time and more as the grid
+    scrolls down, so scroll past the last one rendered until it is there."""
+    card = browser.get_by_test_id(f"template-workflow-{title}")
+    for _ in range(10):
+        if card.count():
+            break
+        browser.locator("[data-testid^='template-workflow-']").last.scroll_into_view_if_needed()
+        page.mouse.wheel(0, 3000)
+        page.wait_for_timeout(500)
+    return card
+
+
 def test_template_cards_show_and_open(page):
     """Every template of the pack has its card, with its thumbnail, in the template browser's category of the
     pack; a card opens its workflow."""
@@ -289,7 +302,7 @@ def test_template_cards_show_and_open(page):
     titles = _template_titles()
     assert len(titles) == len(UI_WORKFLOWS)
     for title in titles:
-        card = browser.get_by_test_id(f"template-workflow-{title}")
+        card = _template_card(page, browser, title)
         card.scroll_into_view_if_needed(timeout=30_000)
         thumbnail = card.locator(f"img[alt={json.dumps(title)}]").first
         deadline = time.monotonic() + 20
