@@ -56,17 +56,16 @@ def run_config(args) -> dict:
     import torch
 
     from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT
-    from omnivideo.pipelines import omnidreams as pipe
-    from omnivideo.pipelines.omnidreams import rollout
+    from omnivideo.pipelines.omnidreams import autoregressive, rollout
 
-    class Measured(pipe.RollingKVCache):  # the rollout's KV cache, its size read after the run
+    class Measured(autoregressive.RollingKVCache):  # the rollout's KV cache, its size read after the run
         nbytes_seen = 0
 
         def free(self):
             Measured.nbytes_seen = self.nbytes
             super().free()
 
-    pipe.RollingKVCache = Measured
+    autoregressive.RollingKVCache = Measured
 
     device = torch.device(args.device)
     if args.threads:

@@ -57,7 +57,7 @@ def child(config: str, variant: str, chunks: int) -> dict:
     from omnivideo.models.omnidreams.dit import OmniDreamsConfig
     from omnivideo.models.omnidreams.loader import build_dit
     from omnivideo.pipelines import omnidreams as pipe
-    from omnivideo.pipelines.omnidreams_stream import stream
+    from omnivideo.pipelines.omnidreams.stream import stream
     from omnivideo.pipelines.wan_decode import decode
 
     folder_paths.set_output_directory(tempfile.mkdtemp())

@@ -136,15 +136,16 @@ def child(args) -> dict:
     from omnivideo.models.omnidreams.loader import load_omnidreams, weights_recipe
     from omnivideo.parallel import pool as pool_mod
     from omnivideo.pipelines import omnidreams as pipe
+    from omnivideo.pipelines.omnidreams import autoregressive
 
-    class Measured(pipe.RollingKVCache):  # rank 0's KV window, its size read when the rollout closes it
+    class Measured(autoregressive.RollingKVCache):  # rank 0's KV window, its size read when the rollout closes it
         nbytes_seen = 0
 
         def free(self):
             Measured.nbytes_seen = self.nbytes
             super().free()
 
-    pipe.RollingKVCache = Measured
+    autoregressive.RollingKVCache = Measured
 
     n = args.child
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

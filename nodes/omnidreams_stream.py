@@ -9,8 +9,8 @@ from .. import compat
 from ..compat import io
 from ..integration import safe_paths
 from ..integration.video_file import StreamingVideoWriter
-from ..pipelines.omnidreams_stream import stream
-from ..pipelines.omnidreams_stream_state import SavedState, StateFileError, StreamState, read_state_file
+from ..pipelines.omnidreams.stream import stream
+from ..pipelines.omnidreams.stream_state import SavedState, StateFileError, StreamState, read_state_file
 from ..pipelines.wan_decode import FUSION_CHOICES
 from .sampling import SEED_MAX
 from .types import ConditioningType, ModelType

@@ -9,7 +9,7 @@ from ..models.handles import FAMILIES
 from ..parallel.pool import describe_pool
 from ..parallel.rendezvous import operator_ranks
 from ..pipelines.h3.parallel import ensure_workers as h3_workers
-from ..pipelines.omnidreams import ensure_workers as omnidreams_workers
+from ..pipelines.omnidreams.parallel import ensure_workers as omnidreams_workers
 from .types import ModelType
 
 MAX_WORLD_SIZE = 16  # OmniDreams has 16 heads; Ulysses gives each rank whole heads

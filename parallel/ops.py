@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 
 OPS: dict[str, Callable] = {}
-FAMILY_MODULES = {"omnidreams": "..pipelines.omnidreams_parallel", "h3": "..pipelines.h3.parallel"}
+FAMILY_MODULES = {"omnidreams": "..pipelines.omnidreams.parallel", "h3": "..pipelines.h3.parallel"}
 
 
 def operation(name: str):

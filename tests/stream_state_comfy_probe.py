@@ -21,7 +21,7 @@ from omnivideo import compat  # noqa: E402
 from omnivideo.models.handles import OmniDreamsConditioning, OmniDreamsModel  # noqa: E402
 from omnivideo.models.omnidreams.loader import build_dit  # noqa: E402
 from omnivideo.nodes.omnidreams_stream import OmniDreamsStream, read_state, save_state  # noqa: E402
-from omnivideo.pipelines.omnidreams_stream import stream  # noqa: E402
+from omnivideo.pipelines.omnidreams.stream import stream  # noqa: E402
 
 SEED, SIZE = 5, 32  # 32 x 32 pixels: a 4 x 4 latent
 DEVICE = compat.comfy_torch_device()

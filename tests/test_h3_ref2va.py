@@ -23,6 +23,7 @@ from omnivideo.models.h3.geometry import resolve_shape
 from omnivideo.models.h3.loader import H3LoadError, load_h3
 from omnivideo.models.handles import H3Conditioning
 from omnivideo.pipelines.h3 import sample
+from omnivideo.pipelines.h3.denoise import denoise
 from omnivideo.pipelines.h3.layout import unpack_audio, unpatchify_video
 from omnivideo.pipelines.h3.references import (
     EncodedReferences,
@@ -34,7 +35,7 @@ from omnivideo.pipelines.h3.references import (
     image_reference_size,
     normalize_references,
 )
-from omnivideo.pipelines.h3.sampler import denoise, plan_job
+from omnivideo.pipelines.h3.sampler import plan_job
 
 STEPS, SEED = 3, 7
 CPU = torch.device("cpu")
@@ -273,7 +274,7 @@ def test_ref2va_through_the_nodes(tmp_path, monkeypatch):
 
 def test_a_parallel_job_carries_the_references(h3):
     """OmniVideo Parallel's workers get the references in the job message and load the same partition."""
-    from omnivideo.pipelines.h3.sampler import H3Job
+    from omnivideo.pipelines.h3.denoise import H3Job
 
     model, _, vae, audio_vae, _, _ = h3
     image, frames, soundtrack, clip = reference_media()

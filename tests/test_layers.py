@@ -93,9 +93,69 @@ def test_imports_point_down(path):
     assert not wrong, f"{path.relative_to(PACK)} points up or sideways:\n" + "\n".join(wrong)
 
 
+def _module_named(parts: list[str]) -> tuple[str, ...] | None:
+    """The pack's module an import names: `parts` itself (a module or a package), or the module holding the name."""
+    for candidate in (parts, parts[:-1]):
+        base = PACK.joinpath(*candidate)
+        if candidate and (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()):
+            return tuple(candidate)
+    return None
+
+
+def _import_graph() -> dict[tuple[str, ...], set[tuple[str, ...]]]:
+    """Each module of the pack -> the pack's modules it imports (anywhere in the file, lazy imports included)."""
+    graph = {}
+    for path in FILES:
+        here = tuple(_module(path))
+        named = (_module_named(target) for _, target, _ in _imports(path) if target)
+        graph[here] = {module for module in named if module and module != here}
+    return graph
+
+
+def _cycle(graph: dict) -> list | None:
+    """One import cycle of `graph` (its modules in order, the first again at the end), or None."""
+    done: set = set()
+    path: list = []
+
+    def visit(module):
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if found := visit(imported):
+                return found
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        if found := visit(module):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    """No module imports one that imports it back, directly or around a circle; a lazy import inside a function only
+    hides a circle (the two modules still need each other), so it counts too."""
+    cycle = _cycle(_import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(".".join(module) or "omnivideo" for module in cycle)
+
+
+def test_the_cycle_check_is_checked():
+    """The graph holds the pack's imports (lazy ones too) and a circle in it is found."""
+    graph = _import_graph()
+    assert ("pipelines", "h3", "parallel") in graph[("pipelines", "h3", "sampler")]
+    assert ("parallel", "ops") in graph[("parallel", "worker")]
+    back = {**graph, ("pipelines", "h3", "denoise"): {("pipelines", "h3", "sampler")}}
+    assert _cycle(back) is not None
+    assert _cycle({("a",): {("b",)}, ("b",): {("c",)}, ("c",): {("a",)}}) == [("a",), ("b",), ("c",), ("a",)]
+
+
 def test_the_rule_is_checked():
     """The walk sees relative imports: a pipeline importing a node would be found."""
-    fake = PACK / "pipelines" / "omnidreams.py"
+    fake = PACK / "pipelines" / "omnidreams" / "autoregressive.py"
     found = {tuple(t) for _, t, _ in _imports(fake) if t}
     assert ("models", "omnidreams", "dit") in found and ("compat",) in found
     assert _layer(["nodes", "h3"])[1] > _layer(["pipelines"])[1] > _layer(["models"])[1] > _layer(["attention"])[1]

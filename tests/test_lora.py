@@ -24,9 +24,9 @@ from omnivideo.models.handles import H3Conditioning, OmniDreamsModel
 from omnivideo.models.omnidreams.loader import build_dit, weights_recipe
 from omnivideo.nodes.lora import OmniVideoLoRA
 from omnivideo.parallel.world import World
-from omnivideo.pipelines import omnidreams_parallel
 from omnivideo.pipelines.h3 import parallel as h3_parallel
 from omnivideo.pipelines.h3 import sample
+from omnivideo.pipelines.omnidreams import parallel as omnidreams_parallel
 
 STEPS, SEED, RANK = 3, 5, 4
 TOL = 2e-6  # fp32 sampler latents, ours vs diffusers' fused LoRA (measured: 2.4e-7, two stacked 4.8e-7)

@@ -16,6 +16,7 @@ from omnivideo.models.omnidreams import dit as omnidreams_dit
 from omnivideo.models.omnidreams.kv_cache import RollingKVCache
 from omnivideo.models.omnidreams.loader import build_dit
 from omnivideo.pipelines import omnidreams as pipe
+from omnivideo.pipelines.omnidreams import autoregressive
 
 H, W = 4, 6  # latent size: 2x3 tokens per frame with the 2x2 patch
 CPU = torch.device("cpu")
@@ -62,12 +63,12 @@ def observe_cache(monkeypatch, observe):
                 observe(self.chunk, self)
             super().free()
 
-    monkeypatch.setattr(pipe, "RollingKVCache", Observed)
+    monkeypatch.setattr(autoregressive, "RollingKVCache", Observed)
 
 
 def without_context_reinjection(monkeypatch):
     """The known port bug: no clean first frame before the context-noise call."""
-    monkeypatch.setattr(pipe, "_pin_context", lambda xc, image, inject: xc)
+    monkeypatch.setattr(autoregressive, "_pin_context", lambda xc, image, inject: xc)
 
 
 # ------------------------------------------------------------------ the clean context write
@@ -186,7 +187,7 @@ class ExplicitWindowCache(_BlockViews):
 def test_rolling_cache_equals_explicit_window_reference(model, text, first_frame, sink_frames, monkeypatch):
     settings = pipe.ARSettings(sink_frames=sink_frames)
     ours = _rollout(model, text, first_frame, num_chunks=5, settings=settings)
-    monkeypatch.setattr(pipe, "RollingKVCache", ExplicitWindowCache)
+    monkeypatch.setattr(autoregressive, "RollingKVCache", ExplicitWindowCache)
     ref = _rollout(model, text, first_frame, num_chunks=5, settings=settings)
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
 
@@ -238,7 +239,7 @@ def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, mo
             super().__init__(**kw)
             caches.append(self)
 
-    monkeypatch.setattr(pipe, "RollingKVCache", Kept)
+    monkeypatch.setattr(autoregressive, "RollingKVCache", Kept)
     _rollout(model, text, first_frame, num_chunks=2)
     assert caches[-1].k == [] and caches[-1].v == []
 
@@ -249,7 +250,7 @@ def test_cache_is_freed_at_the_end_and_on_interrupt(model, text, first_frame, mo
         if calls["n"] == 5:
             raise compat.ProcessingInterrupted("cancelled")
 
-    monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt_on_fifth)
+    monkeypatch.setattr(compat, "check_interrupt", interrupt_on_fifth)
     with pytest.raises(compat.ProcessingInterrupted):
         _rollout(model, text, first_frame, num_chunks=3)
     assert calls["n"] == 5 and caches[-1].k == []  # interrupted in chunk 1, between calls
@@ -284,7 +285,7 @@ def test_three_draws_per_chunk_from_one_generator(model, text, monkeypatch):
             shapes.append(tuple(args[0]))
         return real(*args, **kw)
 
-    monkeypatch.setattr(pipe.torch, "randn", spy)
+    monkeypatch.setattr(autoregressive.torch, "randn", spy)
     _rollout(model, text, None, num_chunks=3)
     assert shapes == [(1, 16, 2, H, W)] * 9
 
@@ -368,7 +369,7 @@ def test_sample_uses_the_chunk_length_of_the_settings(model, text, first_frame):
 def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeypatch):
 
     freed = []
-    monkeypatch.setattr(pipe.compat, "free_memory", lambda: freed.append(1))
+    monkeypatch.setattr(compat, "free_memory", lambda: freed.append(1))
     cond = OmniDreamsConditioning(text=text, first_frame=first_frame)
     pipe.sample(_handle(model), cond, seed=0, frames=5, steps=0, width=64, height=64)
     assert freed == [1]
@@ -376,7 +377,7 @@ def test_sample_frees_memory_also_on_interrupt(model, text, first_frame, monkeyp
     def interrupt():
         raise compat.ProcessingInterrupted("cancelled")
 
-    monkeypatch.setattr(pipe.compat, "check_interrupt", interrupt)
+    monkeypatch.setattr(compat, "check_interrupt", interrupt)
     with pytest.raises(compat.ProcessingInterrupted):
         pipe.sample(_handle(model), cond, seed=0, frames=5, steps=0, width=64, height=64)
     assert freed == [1, 1]
@@ -469,7 +470,7 @@ def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42):
     """Mismatches between pipe.rollout (with the stub DiT) and the spec replay; [] = identical."""
     hd = torch.randn(1, 16, 2 * num_chunks + 2, H, W, generator=torch.Generator().manual_seed(10))  # 2 spare
     stub = _StubDiT()
-    monkeypatch.setattr(pipe, "RollingKVCache", _NullCache)
+    monkeypatch.setattr(autoregressive, "RollingKVCache", _NullCache)
     out = pipe.rollout(
         stub,
         torch.zeros(1, 4, TINY.text_in_dim),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.comfy_probe import run_probe
 
-from omnivideo.pipelines.omnidreams_stream import hdmap_pixel_frames
+from omnivideo.pipelines.omnidreams.stream import hdmap_pixel_frames
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def test_resume_from_names_a_file_inside_the_output_folder(comfy_folders, tmp_pa
     from safetensors.torch import load_file
 
     from omnivideo.nodes.omnidreams_stream import OmniDreamsStream, save_state
-    from omnivideo.pipelines.omnidreams_stream_state import StreamState, check_state
+    from omnivideo.pipelines.omnidreams.stream_state import StreamState, check_state
 
     state = StreamState({"chunk": torch.tensor(3), "kv.k.0": torch.ones(1, 4, 2, 8)[:, :2]}, {"format": "x"})
     path = save_state("runs/drive", state)

@@ -14,7 +14,7 @@ pytest.importorskip("av", reason="PyAV (the test extra, a ComfyUI requirement) w
 
 from omnivideo import compat  # noqa: E402
 from omnivideo.nodes import omnidreams_stream  # noqa: E402
-from omnivideo.pipelines.omnidreams_stream import StreamResult  # noqa: E402
+from omnivideo.pipelines.omnidreams.stream import StreamResult  # noqa: E402
 
 
 def test_the_preview_names_the_file_inside_a_linked_output_folder(tmp_path, monkeypatch):

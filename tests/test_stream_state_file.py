@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from support.comfy_probe import run_probe
 
-from omnivideo.pipelines.omnidreams_stream_state import MAX_STATE_HEADER_BYTES, StateFileError, read_state_file
+from omnivideo.pipelines.omnidreams.stream_state import MAX_STATE_HEADER_BYTES, StateFileError, read_state_file
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Run by tests/test_omnidreams_stream.py in ComfyUI's interpreter (COMFYUI_PYTHON): ComfyUI's Wan 2.1 VAE used a
-chunk at a time by pipelines/omnidreams_stream.WanChunks (decode of 2 latent frames, encode of 5 then 8 pixel
+chunk at a time by pipelines/omnidreams/stream.WanChunks (decode of 2 latent frames, encode of 5 then 8 pixel
 frames, the causal caches carried over and through a saved state) against one core decode / encode of the whole
 video. Prints `PROBE_RESULT <json>`; not a test module itself (no test_ prefix).
 """
@@ -10,7 +10,7 @@ import sys
 import torch
 from wan_vae_comfy_probe import COMFY_FULL, SLIM, TINY, comfy_vae, core_decode, latent  # noqa: E402  (sets up ComfyUI)
 
-from omnivideo.pipelines.omnidreams_stream import WanChunks  # noqa: E402
+from omnivideo.pipelines.omnidreams.stream import WanChunks  # noqa: E402
 
 
 def chunked_decode(vae, z, fusion, resume_after=None):

@@ -23,7 +23,7 @@ from ...models.lora import merge_recipes
 from ...parallel.ops import operation
 from ...parallel.pool import WorkerPool, ensure_pool
 from ...parallel.world import World, dtype_named
-from .sampler import H3Job, denoise
+from .denoise import H3Job, denoise
 
 FAMILY = "h3:"
 

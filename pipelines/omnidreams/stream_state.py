@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.omnidreams.kv_cache import window_state_problem
-from ..models.wan_vae.stream import StreamDecoder, StreamEncoder
-from .omnidreams import ARSettings
+from ...models.omnidreams.kv_cache import window_state_problem
+from ...models.wan_vae.stream import StreamDecoder, StreamEncoder
+from .schedule import ARSettings
 
 STATE_FORMAT = "omnidreams_stream_state"
 MAX_STATE_HEADER_BYTES = 1 << 20  # a state's header names a few hundred tensors (real ones: a few KiB)

@@ -16,22 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from ..models.wan_vae.fused import fused_decode
-from ..models.wan_vae.stream import StreamDecoder, StreamEncoder
-from .omnidreams import (
-    VAE_SPATIAL,
-    VAE_TEMPORAL,
-    PromptCross,
-    check_wan21_vae,
-    denormalize_latent,
-    normalize_latent,
-    open_rollout,
-    resize_images,
-    rollout_plan,
-)
-from .omnidreams_stream_state import SavedState, StreamState, state_metadata
-from .wan_decode import select_fusion
+from ... import compat
+from ...models.wan_vae.fused import fused_decode
+from ...models.wan_vae.stream import StreamDecoder, StreamEncoder
+from ..wan_decode import select_fusion
+from .encode import check_wan21_vae, resize_images
+from .latents import VAE_SPATIAL, VAE_TEMPORAL, denormalize_latent, normalize_latent
+from .parallel import open_rollout
+from .prompts import PromptCross
+from .sampler import rollout_plan
+from .stream_state import SavedState, StreamState, state_metadata
 
 
 class WanChunks:

@@ -1,0 +1,201 @@
+"""The OmniDreams rollout, one chunk at a time: the released 2-step AR schedule with a rolling KV cache and the
+clean first-frame context write.
+
+Per chunk k (pin = k == 0), with one seeded generator and three draws in this order:
+    x  = randn;                       x0 = x - 1.0 * F(x, 1000)
+    x  = 0.19643 x0 + 0.80357 randn;  x0 = x - 0.80357 * F(x, 803.57);  pin x0
+    xc = 0.87007 x0 + 0.12993 randn;  pin xc  <- BEFORE the K/V write;   F(xc, 128) -> cache only
+F pins frame 0 of chunk 0 to the clean first-frame latent before running the DiT. Skipping the
+pin before the context call would cache noise-corrupted frame-0 K/V that every later chunk
+attends to: the video sharpens at frame 0 and blurs afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import compat
+from ...attention.sequence_parallel import SINGLE, SequenceShard
+from ...models.omnidreams.dit import OmniDreamsDiT
+from ...models.omnidreams.kv_cache import RollingKVCache
+from .prompts import PromptCross
+from .schedule import ARSettings, released_schedule
+
+
+def _pin(x: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+    return x * (1 - inject) + image * inject
+
+
+def _pin_context(xc: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+    """The clean first frame back in before the context-noise call: its K/V are what the cache keeps, so they must
+    come from clean frame 0, not a noisy one (the known port bug; the regression tests take this step out)."""
+    return _pin(xc, image, inject)
+
+
+class Rollout:
+    """The OmniDreams rollout one chunk at a time. Between chunks it carries only its state: the KV window, the
+    chunk index and the noise generator (`state_dict` / `load_state_dict` save and restore it, so k chunks now and
+    N - k later give the N chunks of one run, bit for bit). Free the window with `close` (also on interrupt).
+
+    first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
+    device: where it runs (the model's load device). compiled: the DiT blocks under torch.compile.
+    shard: this rank's share of a context-parallel rollout (every rank runs the same steps on the same noise; the
+    DiT splits each chunk's tokens and this rank's window holds its heads); interrupt: the cancel point before each
+    DiT call (default: ComfyUI's; in a parallel run one that all ranks pass together).
+    """
+
+    def __init__(
+        self,
+        model: OmniDreamsDiT,
+        *,
+        latent_hw: tuple[int, int],
+        seed: int,
+        first_frame: torch.Tensor | None = None,
+        settings: ARSettings = ARSettings(),
+        attention_config: dict | None = None,
+        device: torch.device,
+        compiled: bool = False,
+        shard: SequenceShard = SINGLE,
+        interrupt=None,
+    ):
+        cfg = model.config
+        shard.check_heads(cfg.num_heads)
+        self.compiled, self.shard = compiled, shard
+        self.interrupt = interrupt or compat.check_interrupt
+        self.model, self.device, self.settings, self.attention_config = model, device, settings, attention_config
+        h, w = latent_hw
+        lt = settings.len_t
+        sink, window = settings.slots()
+        self.schedule = released_schedule(settings.denoise, settings.context_t)
+        p = cfg.patch_spatial
+        self.cache = RollingKVCache(
+            num_blocks=cfg.num_blocks,
+            chunk_tokens=lt // cfg.patch_temporal * (h // p) * (w // p),
+            window_chunks=window,
+            sink_chunks=sink,
+            heads=cfg.num_heads // shard.size,
+            head_dim=cfg.head_dim,
+            dtype=model.dtype,
+            device=device,
+        )
+        self.generator = torch.Generator("cpu").manual_seed(int(seed))
+        self.shape = (1, cfg.in_channels, lt, h, w)
+        self.first_frame = first_frame
+        self.chunk = 0  # index of the next chunk
+
+    def _randn(self) -> torch.Tensor:  # drawn on CPU: the same noise on every device
+        return torch.randn(self.shape, generator=self.generator, dtype=torch.float32).to(self.device)
+
+    @torch.no_grad()
+    def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
+        """One chunk: its clean model-space latent [1, 16, len_t, h, w] (float32).
+
+        cross: the prompt's `model.cross_kv(text)` (the schedule may switch it between chunks);
+        hdmap: this chunk's normalised HD-map latent [1, 16, len_t, h, w] (None: zeros)."""
+        dev, sched, lt, k = self.device, self.schedule, self.settings.len_t, self.chunk
+        pin = k == 0 and self.first_frame is not None
+        image = inject = torch.empty(0)  # used only when pinning
+        if self.first_frame is not None and pin:
+            image = torch.zeros(self.shape, device=dev)  # the clean first frame at frame 0
+            image[:, :, :1] = self.first_frame.to(dev, torch.float32)
+            inject = torch.zeros((1, 1, lt, *self.shape[-2:]), device=dev)  # 1 where it is pinned
+            inject[:, :, 0] = 1.0
+        hd = hdmap.to(dev) if hdmap is not None else None
+        self.cache.begin_chunk()
+
+        def dit(x: torch.Tensor, t: float) -> torch.Tensor:
+            self.interrupt()
+            return self.model(
+                x,
+                t,
+                cross,
+                cond_mask=inject if pin else None,
+                hdmap=hd,
+                t_offset=k * lt,
+                kv_cache=self.cache,
+                attention_config=self.attention_config,
+                compiled=self.compiled,
+                shard=self.shard,
+            )
+
+        x = x0 = self._randn()  # draw 1
+        for i, (sigma, t) in enumerate(zip(sched.sigmas, sched.timesteps)):
+            if i:
+                x = (1 - sigma) * x0 + sigma * self._randn()  # draw 2: re-noise to the next sigma
+            if pin:
+                x = _pin(x, image, inject)
+            x0 = x - sigma * dit(x, t)
+        if pin:
+            x0 = _pin(x0, image, inject)  # clean first-frame latent back in
+        xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * self._randn()  # draw 3: context noise
+        if pin:
+            xc = _pin_context(xc, image, inject)
+        dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
+        self.chunk += 1
+        return x0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {
+            "chunk": torch.tensor(self.chunk),
+            "generator": self.generator.get_state(),
+            **{f"kv.{key}": value for key, value in self.cache.state_dict().items()},
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from a saved state of a rollout with the same model, size and settings (checked by the cache)."""
+        self.cache.load_state_dict({key[3:]: value for key, value in state.items() if key.startswith("kv.")})
+        self.generator.set_state(state["generator"])
+        self.chunk = int(state["chunk"])
+
+    def close(self) -> None:
+        self.cache.free()  # the window is GBs at 704x1280
+
+
+@torch.no_grad()
+def rollout(
+    model: OmniDreamsDiT,
+    text: torch.Tensor,
+    *,
+    num_chunks: int,
+    latent_hw: tuple[int, int],
+    seed: int,
+    first_frame: torch.Tensor | None = None,
+    hdmap: torch.Tensor | None = None,
+    settings: ARSettings = ARSettings(),
+    attention_config: dict | None = None,
+    bar=None,
+    device: torch.device,
+    schedule=(),
+) -> torch.Tensor:
+    """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
+
+    hdmap: normalised HD-map latent [1,16,>=len_t*N,h,w] (None: zeros).
+    schedule: ((chunk index, text), ...): the prompt from that chunk on (see `PromptCross`).
+    bar: a progress bar (update(1) after each chunk; also a cancel point). Everywhere else `progress` is the
+    factory that makes one (progress(total) -> bar). The rest: see `Rollout`.
+    """
+    run = Rollout(
+        model,
+        latent_hw=latent_hw,
+        seed=seed,
+        first_frame=first_frame,
+        settings=settings,
+        attention_config=attention_config,
+        device=device,
+    )
+    return run_chunks(run, PromptCross(model, text, schedule, device), num_chunks, hdmap=hdmap, bar=bar)
+
+
+def run_chunks(run: Rollout, prompts: PromptCross, num_chunks: int, *, hdmap=None, bar=None) -> torch.Tensor:
+    """`num_chunks` chunks of `run` (closed afterwards, also on interrupt) as one model-space latent."""
+    lt, channels = run.settings.len_t, run.model.config.out_channels
+    out = torch.empty((1, channels, lt * num_chunks, *run.shape[-2:]), dtype=torch.float32, device=run.device)
+    try:
+        for k in range(num_chunks):
+            hd = hdmap[:, :, k * lt : (k + 1) * lt] if hdmap is not None else None
+            out[:, :, k * lt : (k + 1) * lt] = run.step(prompts.at(run.chunk), hd)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        run.close()
+    return out

@@ -1,0 +1,67 @@
+"""The released 2-step AR schedule (its sigmas, the context refresh) and the chunk arithmetic: the AR settings,
+chunks for a frame count and the frames of N chunks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .latents import VAE_TEMPORAL
+
+DEFAULT_STEPS = 2
+NUM_TRAIN_TIMESTEPS, SHIFT = 1000, 5.0
+
+
+def sigma_table() -> torch.Tensor:
+    """sigma_i = warp(s_i), s = linspace(1, 0, 1001)[:-1], warp(s) = 5s / (1 + 4s) (float64)."""
+    s = torch.linspace(1.0, 0.0, NUM_TRAIN_TIMESTEPS + 1, dtype=torch.float64)[:-1]
+    return SHIFT * s / (1.0 + (SHIFT - 1.0) * s)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    sigmas: tuple[float, ...]  # denoising sigmas, one per call
+    timesteps: tuple[float, ...]  # network timesteps = 1000 sigma (the DiT casts them to bf16)
+    context_t: float  # what the network receives for the context refresh
+    context_index: int
+    context_sigma: float  # the table sigma t snaps to
+
+
+def released_schedule(denoise: tuple[int, ...] = (1000, 450), context_t: float = 128.0) -> Schedule:
+    table = sigma_table()
+    index = [NUM_TRAIN_TIMESTEPS - int(t) for t in denoise]
+    if any(not 0 <= i < NUM_TRAIN_TIMESTEPS for i in index):
+        raise ValueError(f"denoising timesteps must lie in (0, 1000], got {denoise}")
+    sigmas = tuple(float(table[i]) for i in index)
+    ctx = int(torch.argmin((table * NUM_TRAIN_TIMESTEPS - context_t).abs()))
+    return Schedule(sigmas, tuple(NUM_TRAIN_TIMESTEPS * s for s in sigmas), float(context_t), ctx, float(table[ctx]))
+
+
+@dataclass(frozen=True)
+class ARSettings:
+    len_t: int = 2  # latent frames per chunk
+    window_frames: int = 6  # latent frames the cache keeps (sink included)
+    sink_frames: int = 0  # leading latent frames that never leave the window
+    denoise: tuple[int, ...] = (1000, 450)
+    context_t: float = 128.0
+
+    def slots(self) -> tuple[int, int]:
+        """(sink chunks, rolling window chunks)."""
+        for name, value in (("window_frames", self.window_frames), ("sink_frames", self.sink_frames)):
+            if value % self.len_t:
+                raise ValueError(f"{name}={value} must be a multiple of the chunk length {self.len_t}")
+        if not 0 <= self.sink_frames < self.window_frames:
+            raise ValueError(f"sink_frames={self.sink_frames} must be in [0, window_frames={self.window_frames})")
+        return self.sink_frames // self.len_t, (self.window_frames - self.sink_frames) // self.len_t
+
+
+def num_chunks_for_frames(frames: int, len_t: int = 2) -> int:
+    """Smallest N whose pixel_frames(N, len_t) = 1 + (len_t N - 1) * 4 = 4 len_t N - 3 cover `frames`
+    (8N - 3 for the released len_t = 2)."""
+    return max(1, math.ceil((frames + VAE_TEMPORAL - 1) / (VAE_TEMPORAL * len_t)))
+
+
+def pixel_frames(num_chunks: int, len_t: int = 2) -> int:
+    return 1 + (len_t * num_chunks - 1) * VAE_TEMPORAL
