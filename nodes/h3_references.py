@@ -160,7 +160,7 @@ class OmniVideoH3References(io.ComfyNode):
                 "Puts the chained ref2va references on MiniMax-H3's rates and sizes for this request and encodes them "
                 "(video VAE for images and videos, audio VAE for soundtracks), as diffusers' ref2va pipeline does. "
                 "Connect to H3 Text Encode (the references are also shown to Qwen3-VL) and use the same width, "
-                "height and frames on the sampler, with the ref2va partition loaded."
+                "height and frames on the sampler, whose model comes from OmniVideo H3 Ref2VA Loader."
             ),
             inputs=[
                 H3VaeType.Input("vae"),
