@@ -6,10 +6,13 @@ its node classes (there is deliberately no NODE_CLASS_MAPPINGS, which would send
 
 from __future__ import annotations
 
+from . import compat
 from .compat import ComfyExtension
+from .integration import live_routes
 from .nodes import NODES
 
 __version__ = "0.1.0"
+WEB_DIRECTORY = "./web"  # the OmniDreams Live panel (ComfyUI serves it under /extensions/<pack folder>/)
 
 
 class OmniVideoExtension(ComfyExtension):
@@ -18,6 +21,7 @@ class OmniVideoExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> OmniVideoExtension:
+    compat.add_routes(live_routes.install)  # before ComfyUI's server adds its route table to the app
     return OmniVideoExtension()
 
 

@@ -147,6 +147,47 @@ def show_text(text: str) -> None:
         pass
 
 
+def _prompt_server():
+    try:
+        from server import PromptServer
+
+        return getattr(PromptServer, "instance", None)
+    except Exception:  # outside ComfyUI
+        return None
+
+
+def add_routes(install) -> bool:
+    """`install(routes)` on ComfyUI's route table (aiohttp's RouteTableDef; call it before the server starts, e.g. from
+    comfy_entrypoint). False outside a ComfyUI server."""
+    server = _prompt_server()
+    if server is None:
+        return False
+    install(server.routes)
+    return True
+
+
+def running_node() -> tuple[str, str] | None:
+    """(prompt id, node id) of the node ComfyUI is running now, None outside one."""
+    try:
+        from comfy_execution.utils import get_executing_context
+
+        context = get_executing_context()
+    except Exception:
+        return None
+    return None if context is None else (str(context.prompt_id), str(context.node_id))
+
+
+def tell_client(event: str, data: dict) -> bool:
+    """A websocket message to the client that queued the running prompt only (never a broadcast: what it carries may
+    be that client's alone); False when there is none (queued without a client_id, or outside ComfyUI)."""
+    server = _prompt_server()
+    client = getattr(server, "client_id", None)
+    if server is None or client is None:
+        return False
+    server.send_sync(event, data, client)
+    return True
+
+
 def check_interrupt() -> None:
     """A cancel point: raises if the user pressed cancel in ComfyUI."""
     global _interrupt_requested

@@ -45,6 +45,11 @@ COMFYUI_PATH=$native COMFYUI_PYTHON=${COMFYUI33_PYTHON:-python} python benchmark
 if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
     BENCH_FULL_VAE=1 python benchmarks/bench_omnidreams_stream.py --config 2b --chunks 4 10 --compile-chunks 10 \
         2>&1 | tee "$out/omnidreams_stream_gpu.txt"
+    # OmniDreams Live at the same size: ms per chunk live (a websocket viewer, JPEGs) vs the plain stream (ratio),
+    # control latency (a prompt POSTed at a random moment -> the first frame that reflects it: chunks, ms to write,
+    # JPEG, websocket client) and frames-to-client, through the real aiohttp routes on 127.0.0.1 (needs aiohttp)
+    BENCH_FULL_VAE=1 python benchmarks/bench_omnidreams_live.py --config 2b --chunks 6 --rounds 3 --reps 4 \
+        2>&1 | tee "$out/omnidreams_live_gpu.txt"
 fi
 
 # OmniDreams context parallel across GPUs (one rank per GPU, NCCL): s/chunk, rank 0's peak and the bytes per chunk

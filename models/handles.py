@@ -53,6 +53,7 @@ class OmniDreamsModel(OmniVideoModel):
     chunk_frames: int = 2  # latent frames per autoregressive chunk (the released model: 2)
     window_frames: int = 6  # rolling KV cache, latent frames (sink included)
     sink_frames: int = 0  # leading latent frames that never leave the window
+    short_history_blocks: int = 0  # FlashDreams' early short history: first N blocks keep one chunk (0: uniform)
 
 
 @dataclass(kw_only=True)

@@ -10,6 +10,7 @@ from .h3 import NODES as H3_NODES
 from .h3_references import NODES as H3_REFERENCE_NODES
 from .lora import OmniVideoLoRA
 from .omnidreams import NODES as OMNIDREAMS_NODES
+from .omnidreams_live import NODES as LIVE_NODES
 from .omnidreams_stream import NODES as STREAM_NODES
 from .parallel import OmniVideoParallel
 from .sampler import OmniVideoSampler
@@ -25,6 +26,7 @@ NODES: list[Any] = [
     OmniVideoLoRA,
     *OMNIDREAMS_NODES,
     *STREAM_NODES,
+    *LIVE_NODES,
     *H3_NODES,
     *H3_REFERENCE_NODES,
 ]

@@ -32,6 +32,7 @@ from ..pipelines.omnidreams import (
     parse_prompt_schedule,
     sample,
 )
+from ..pipelines.omnidreams.schedule import MAX_SHORT_HISTORY_BLOCKS
 from .sampling import run_sampler, sampler_inputs
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
@@ -64,6 +65,10 @@ def _check_family(conditioning) -> None:
     check_family(conditioning, "omnidreams", "conditioning", "use OmniDreams Text Encode or Load Text Embedding")
 
 
+KV_HISTORY_CHOICES = ("uniform", "early_short_history")
+DEFAULT_SHORT_HISTORY_BLOCKS = 9  # FlashDreams' responsive presets (early_short_history_block_count=9)
+
+
 class OmniDreamsModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -78,13 +83,35 @@ class OmniDreamsModelLoader(io.ComfyNode):
                 "key and shape is checked. dtype 'auto' = bf16 on GPU/NPU, fp32 on CPU; 'fp8_e4m3fn' stores the "
                 "block weights in fp8 (about half the memory of bf16) and computes in the 'auto' dtype. ComfyUI "
                 "places the weights and streams what does not fit in VRAM. window/sink set the "
-                "rolling KV cache in latent frames (released: 6 and 0)."
+                "rolling KV cache in latent frames (released: 6 and 0). kv_history 'uniform' (default) gives every "
+                "block that window; 'early_short_history' (FlashDreams' responsive history, its "
+                "early_short_history_block_count) keeps only the sink and the current chunk in the first "
+                "short_history_blocks blocks (FlashDreams' responsive presets: 9, with window_frames 4) and the "
+                "window in the rest: less memory, history only in the later blocks. A saved stream state resumes "
+                "only with the kv_history it was saved with."
             ),
             inputs=[
                 io.Combo.Input("ckpt_name", options=safe_paths.list_model_files("diffusion_models", CKPT_EXTS)),
                 io.Combo.Input("dtype", options=list(WEIGHT_DTYPE_CHOICES), default="auto"),
                 io.Int.Input("window_frames", default=6, min=2, max=64, step=2),
                 io.Int.Input("sink_frames", default=0, min=0, max=62, step=2),
+                io.Combo.Input(
+                    "kv_history",
+                    options=list(KV_HISTORY_CHOICES),
+                    default="uniform",
+                    optional=True,  # absent in workflows saved before it: the uniform window they ran with
+                    tooltip="uniform: every block keeps window_frames. early_short_history: the first "
+                    "short_history_blocks blocks keep the sink and the current chunk only (FlashDreams).",
+                ),
+                io.Int.Input(
+                    "short_history_blocks",
+                    default=DEFAULT_SHORT_HISTORY_BLOCKS,
+                    min=1,
+                    max=MAX_SHORT_HISTORY_BLOCKS,
+                    optional=True,
+                    tooltip="With early_short_history: how many leading DiT blocks keep one chunk "
+                    "(FlashDreams: 9; at most the model's blocks, 28 for the released 2B).",
+                ),
                 AttentionType.Input(
                     "attention",
                     optional=True,
@@ -100,26 +127,45 @@ class OmniDreamsModelLoader(io.ComfyNode):
 
     # where ComfyUI passes any combo value on (0.3.64), ours checks it too
     @classmethod
-    def _validate_inputs_and_combos(cls, ckpt_name=None, dtype=None):
+    def _validate_inputs_and_combos(cls, ckpt_name=None, dtype=None, kv_history=None):
         return safe_paths.refusals(
-            safe_paths.validated(_checkpoint, ckpt_name), safe_paths.validated_choices(cls, dtype=dtype)
+            safe_paths.validated(_checkpoint, ckpt_name),
+            safe_paths.validated_choices(cls, dtype=dtype, kv_history=kv_history),
         )
 
     validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
-    def execute(cls, ckpt_name, dtype="auto", window_frames=6, sink_frames=0, attention=None) -> io.NodeOutput:
-        ARSettings(window_frames=window_frames, sink_frames=sink_frames).slots()  # raises a clear ValueError
+    def execute(
+        cls,
+        ckpt_name,
+        dtype="auto",
+        window_frames=6,
+        sink_frames=0,
+        kv_history="uniform",
+        short_history_blocks=DEFAULT_SHORT_HISTORY_BLOCKS,
+        attention=None,
+    ) -> io.NodeOutput:
+        if kv_history not in KV_HISTORY_CHOICES:
+            raise ValueError(f"kv_history {kv_history!r} is not one of {', '.join(KV_HISTORY_CHOICES)}")
+        short = int(short_history_blocks) if kv_history == "early_short_history" else 0
+        settings = ARSettings(window_frames=window_frames, sink_frames=sink_frames, short_history_blocks=short)
+        settings.slots()  # raises a clear ValueError
         path = _checkpoint(ckpt_name)
         device = PLATFORM.device
         weight_dtype, compute_dtype = resolve_weight_dtype(dtype, device)
         dit = load_omnidreams(path, compute_dtype, weight_dtype, compat.operations(weight_dtype, compute_dtype, device))
+        try:
+            settings.block_window_chunks(dit.config.num_blocks)
+        except ValueError as err:
+            raise ValueError(f"{err}: lower short_history_blocks or use kv_history 'uniform'") from None
         model = OmniDreamsModel(
             patcher=compat.manage(dit, "diffusion", device),
             dtype=compute_dtype,
             attention=attention,
             window_frames=window_frames,
             sink_frames=sink_frames,
+            short_history_blocks=short,
             load_args=weights_recipe(path, compute_dtype, weight_dtype),
         )
         return io.NodeOutput(model)

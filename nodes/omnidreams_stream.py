@@ -4,16 +4,20 @@ memory), each chunk previewed as it finishes, resumable from a saved state."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 from .. import compat
 from ..compat import io
 from ..integration import safe_paths
 from ..integration.video_file import StreamingVideoWriter
+from ..models.omnidreams.text import TextEncoder, encode_prompt
+from ..pipelines.omnidreams.latents import VAE_SPATIAL
+from ..pipelines.omnidreams.record import Replay, read_record
 from ..pipelines.omnidreams.stream import stream
 from ..pipelines.omnidreams.stream_state import SavedState, StateFileError, StreamState, read_state_file
 from ..pipelines.wan_decode import FUSION_CHOICES
 from .sampling import SEED_MAX
-from .types import ConditioningType, ModelType
+from .types import ConditioningType, ModelType, TextEncoderType
 
 FPS = 30
 MAX_CHUNKS = 100_000  # ~7.4 hours at 30 fps; memory does not grow with it
@@ -56,6 +60,22 @@ def _in_output(path: str) -> str:
     return os.path.relpath(os.path.realpath(path), output).replace(os.sep, "/")
 
 
+def _validate_inputs(cls, resume_from=None):
+    return _checked_resume_from(resume_from)
+
+
+def _validate_inputs_and_combos(cls, resume_from=None, fusion=None):
+    return safe_paths.refusals(_checked_resume_from(resume_from), safe_paths.validated_choices(cls, fusion=fusion))
+
+
+# The stream nodes' validate_inputs. ComfyUI reports a failure under every input it names, so it names one
+# (resume_from; replay and the names to write are checked first thing in execute); where ComfyUI passes any combo
+# value on (0.3.64), it checks fusion too.
+VALIDATE_STREAM_INPUTS = classmethod(
+    _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
+)
+
+
 class OmniDreamsStream(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -71,7 +91,8 @@ class OmniDreamsStream(io.ComfyNode):
                 "length runs in constant memory. Each chunk shows up as a preview while it runs; on cancel or error "
                 "the file keeps every finished chunk. save_state_as writes the state at the end (KV window, noise, "
                 "VAE caches) to the output folder; resume_from continues it in a later run, frame for frame as if "
-                "it had never stopped. An HD-map video is read chunk by chunk."
+                "it had never stopped. An HD-map video is read chunk by chunk. replay: an OmniDreams Live session's "
+                "record (its prompts need text_encoder), the session's video bit for bit."
             ),
             inputs=[
                 ModelType.Input("model"),
@@ -96,20 +117,21 @@ class OmniDreamsStream(io.ComfyNode):
                 io.String.Input(
                     "save_state_as", default="", optional=True, tooltip="Save the final state, e.g. drive.safetensors"
                 ),
+                TextEncoderType.Input(
+                    "text_encoder", optional=True, tooltip="For a replay whose session switched prompts."
+                ),
+                io.String.Input(
+                    "replay",
+                    default="",
+                    optional=True,
+                    tooltip="An OmniDreams Live record (…events.safetensors in the output folder): its prompts and "
+                    "HD-map frames at their chunks, the same video again.",
+                ),
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
 
-    @classmethod
-    def _validate_inputs(cls, resume_from=None):  # the file names to write are checked first thing in execute
-        return _checked_resume_from(resume_from)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks fusion too
-    @classmethod
-    def _validate_inputs_and_combos(cls, resume_from=None, fusion=None):
-        return safe_paths.refusals(_checked_resume_from(resume_from), safe_paths.validated_choices(cls, fusion=fusion))
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
+    validate_inputs = VALIDATE_STREAM_INPUTS
 
     @classmethod
     def execute(
@@ -127,7 +149,58 @@ class OmniDreamsStream(io.ComfyNode):
         hdmap=None,
         resume_from="",
         save_state_as="",
+        text_encoder=None,
+        replay="",
     ) -> io.NodeOutput:
+        script, encode = None, None
+        if replay.strip():
+            record = read_record(_record_file(replay), f"replay {replay!r}")
+            size = pixel_size(conditioning, width, height)
+            record.check_run(seed=seed, size=size, chunks=chunks, video=hdmap is not None)
+            if record.prompts:
+                encode = prompt_encoder(text_encoder, "replay: its record switches prompts")
+            script = Replay(record, chunks)
+        run = StreamRun(model, filename_prefix, save_state_as, resume_from)
+        result = run.stream(
+            conditioning,
+            vae,
+            seed=seed,
+            chunks=chunks,
+            width=width,
+            height=height,
+            fusion=fusion,
+            hdmap=hdmap,
+            compiled=compile,
+            script=script,
+            encode=encode,
+        )
+        return run.output(f"{result.frames} frames ({result.chunks} chunks)", result.state)
+
+
+def _record_file(name: str) -> str:
+    return safe_paths.resolve_output_file(name, STATE_EXT, what="replay")
+
+
+def pixel_size(conditioning, width: int, height: int) -> tuple[int, int]:
+    """(width, height) of the video: the first frame's (if encoded), else the inputs'."""
+    first = getattr(conditioning, "first_frame", None)
+    if first is None:
+        return width, height
+    return int(first.shape[-1]) * VAE_SPATIAL, int(first.shape[-2]) * VAE_SPATIAL
+
+
+def prompt_encoder(text_encoder, need: str):
+    """prompt text -> embedding with the connected OmniDreams text encoder; a clear error when there is none."""
+    if not isinstance(text_encoder, TextEncoder):
+        raise ValueError(f"{need}: connect the OmniDreams Text Encoder Loader to text_encoder")
+    return partial(encode_prompt, text_encoder)
+
+
+class StreamRun:
+    """One run of a stream node: its names checked before anything heavy, its video file, and what is said and kept
+    when it ends (on cancel or error the file keeps every finished chunk)."""
+
+    def __init__(self, model, filename_prefix: str, save_state_as: str, resume_from: str):
         if (save_state_as.strip() or resume_from.strip()) and getattr(model, "world_size", 1) > 1:
             raise ValueError(
                 "save_state_as and resume_from need world size 1 (each parallel rank holds only its heads' KV "
@@ -135,24 +208,15 @@ class OmniDreamsStream(io.ComfyNode):
             )
         if save_state_as.strip():
             safe_paths.output_file_path(save_state_as, STATE_EXT, "save_state_as")  # a bad name fails first
-        resume = read_state(resume_from) if resume_from.strip() else None
-        writer = StreamingVideoWriter(filename_prefix, FPS)  # reserves the file: a bad name fails here
+        self.model, self.save_state_as = model, save_state_as
+        self.resume = read_state(resume_from) if resume_from.strip() else None
+        self.writer = StreamingVideoWriter(filename_prefix, FPS)  # reserves the file: a bad name fails here
+
+    def stream(self, conditioning, vae, *, write=None, **kwargs):
+        writer = self.writer
         try:
             with writer:
-                result = stream(
-                    model,
-                    conditioning,
-                    vae,
-                    seed=seed,
-                    chunks=chunks,
-                    width=width,
-                    height=height,
-                    write=writer.write,
-                    fusion=fusion,
-                    hdmap=hdmap,
-                    resume=resume,
-                    compiled=compile,
-                )
+                return stream(self.model, conditioning, vae, write=write or writer.write, resume=self.resume, **kwargs)
         except BaseException as exc:  # ComfyUI 0.33's cancel is a BaseException, 0.3.64's an Exception
             if writer.frames_written == 0 or not (isinstance(exc, Exception) or compat.is_interrupt(exc)):
                 raise
@@ -164,9 +228,13 @@ class OmniDreamsStream(io.ComfyNode):
                 compat.show_text(f"OmniDreams Stream cancelled: {kept}")
                 raise
             raise RuntimeError(f"{exc} -- {kept}") from exc
-        text = f"{result.frames} frames ({result.chunks} chunks) in {_in_output(writer.path)} in the output folder"
-        if save_state_as.strip() and result.state is not None:  # None only in a parallel run (refused above)
-            text += f"; state saved as {_in_output(save_state(save_state_as, result.state))} (for resume_from)"
+
+    def output(self, made: str, state, extra: str = "") -> io.NodeOutput:
+        """The node's VIDEO and its preview; `made` says what was made, then where it went."""
+        writer = self.writer
+        text = f"{made} in {_in_output(writer.path)} in the output folder{extra}"
+        if self.save_state_as.strip() and state is not None:  # None only in a parallel run (refused above)
+            text += f"; state saved as {_in_output(save_state(self.save_state_as, state))} (for resume_from)"
         compat.show_text(text)
         file = {"filename": os.path.basename(writer.path), "subfolder": writer.subfolder, "type": "output"}
         preview = {"images": [file], "animated": (True,)}

@@ -133,6 +133,7 @@ OMNIDREAMS_SMALL = {
     "OmniDreamsSampler": {"frames": OD_FRAMES},
     "OmniVideoSampler": {"frames": OD_FRAMES},
     "OmniDreamsStream": {"chunks": 2, "width": OD_WIDTH, "height": OD_HEIGHT},  # 2 chunks = OD_FRAMES frames
+    "OmniDreamsLive": {"chunks": 2, "max_chunks": 2, "width": OD_WIDTH, "height": OD_HEIGHT},  # ends at its cap
     "LoadImage": {"image": OD_IMAGE},
     "LoadVideo": {"file": OD_HDMAP},
 }

@@ -327,3 +327,35 @@ def test_a_model_the_workers_cannot_load_is_reported_and_they_stay(tmp_path, cap
     assert pool.alive() and pool.pids == pids
     assert _sample(model, cond, frames=5).shape[2] == 2  # the same worker loads the model again and runs
     assert pool.pids == pids
+
+
+def test_a_live_prompt_switches_in_on_every_rank(tmp_path, monkeypatch):
+    from test_omnidreams_live import StandInWan  # 'decodes' to the latents themselves
+
+    from omnivideo.pipelines.omnidreams import stream as stream_mod
+    from omnivideo.pipelines.omnidreams.live import LiveSession
+
+    monkeypatch.setattr(stream_mod, "WanChunks", StandInWan)
+    monkeypatch.setattr(stream_mod, "_preview", lambda frame: None)
+    later = torch.randn(1, 16, TINY_4_HEADS.text_in_dim, generator=torch.Generator().manual_seed(5))
+
+    def latents(world_size: int, steer: bool) -> torch.Tensor:
+        live = LiveSession(chunks=3, max_chunks=3, idle_timeout=60, prompts=True)
+        out: list[torch.Tensor] = []
+
+        def write(z):
+            out.append(z)
+            if steer and len(out) == 1:
+                live.post({"type": "prompt", "text": "rain"})  # from chunk 1 on
+
+        model, cond = _handle(tmp_path, TINY_4_HEADS, world_size), _conditioning(TINY_4_HEADS)
+        stream_mod.stream(
+            model, cond, None, seed=42, chunks=3, width=W * 8, height=H * 8, write=write, script=live,
+            encode=lambda text: later,
+        )  # fmt: skip
+        return torch.cat(out, 2)
+
+    single, parallel = latents(1, True), latents(2, True)
+    assert (parallel - single).abs().max() <= 1e-5
+    unsteered = latents(1, False)
+    assert torch.equal(unsteered[:, :, :2], single[:, :, :2]) and not torch.equal(unsteered, single)  # control

@@ -6,11 +6,16 @@ constant for the whole rollout). Layout [sink | window], in chunk-sized slots: c
 (the oldest non-sink chunk drops out) and the new chunk takes the last slot. Every call of a
 chunk overwrites that chunk's slot, so after the chunk the slot holds the K/V of its last call
 (the context-noise refresh). Attention sees [used slots up to and including this chunk].
+
+Blocks may have windows of their own (`block_window_chunks`, e.g. FlashDreams' early short history: the first
+blocks see the sink and the current chunk only): blocks with one window share one `WindowRoll` (its slots, fill and
+current slot) and hold buffers of just their slots. Every roll starts together, so a block's fill is
+min(fill of the longest window, its slots): a saved window stays one 'used' count and a tensor per block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -19,24 +24,52 @@ Entries = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 MAX_SAVED_BLOCKS = 1024  # blocks a saved window may name (real models: tens)
 
 
+class WindowRoll:
+    """The slot bookkeeping of the blocks that share one window: [sink | window] slots, how many are used, the slot
+    of the current chunk, and those blocks' buffers (shifted together)."""
+
+    def __init__(self, *, chunk_tokens: int, sink_chunks: int, window_chunks: int):
+        self.chunk_tokens, self.sink_chunks, self.window_chunks = chunk_tokens, sink_chunks, window_chunks
+        self.slots = sink_chunks + window_chunks
+        self.used = 0  # slots holding a chunk
+        self.slot = -1  # slot of the current chunk
+        self.buffers: list[torch.Tensor] = []
+
+    def begin_chunk(self) -> int:
+        if self.used < self.slots:
+            self.slot = self.used
+            self.used += 1
+        else:
+            n = self.chunk_tokens
+            for buf in self.buffers:  # drop the oldest window chunk; sink slots stay
+                for s in range(self.sink_chunks, self.slots - 1):  # slot by slot: no overlap, no temporary
+                    buf[:, s * n : (s + 1) * n].copy_(buf[:, (s + 1) * n : (s + 2) * n])
+            self.slot = self.slots - 1
+        return self.slot
+
+    @property
+    def visible_tokens(self) -> int:
+        return (self.slot + 1) * self.chunk_tokens
+
+
 class BlockWindow:
-    """One block's K/V buffers and the shared slot bookkeeping: what the block needs, without its index, so every
+    """One block's K/V buffers and its window's slot bookkeeping: what the block needs, without its index, so every
     block runs the same (compiled) code."""
 
-    def __init__(self, cache: RollingKVCache, k: torch.Tensor, v: torch.Tensor):
-        self.cache, self.k, self.v = cache, k, v
+    def __init__(self, roll: WindowRoll, k: torch.Tensor, v: torch.Tensor):
+        self.roll, self.k, self.v = roll, k, v
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this chunk's K/V (after RoPE) into its slot, in place; return the visible K/V."""
-        cache = self.cache
-        if cache.slot < 0:
+        roll = self.roll
+        if roll.slot < 0:
             raise RuntimeError("RollingKVCache.update before begin_chunk")
-        if k.shape[1] != cache.chunk_tokens:
-            raise ValueError(f"chunk has {k.shape[1]} tokens, cache slots hold {cache.chunk_tokens}")
-        lo = cache.slot * cache.chunk_tokens
-        self.k[:, lo : lo + cache.chunk_tokens] = k
-        self.v[:, lo : lo + cache.chunk_tokens] = v
-        end = cache.visible_tokens
+        if k.shape[1] != roll.chunk_tokens:
+            raise ValueError(f"chunk has {k.shape[1]} tokens, cache slots hold {roll.chunk_tokens}")
+        lo = roll.slot * roll.chunk_tokens
+        self.k[:, lo : lo + roll.chunk_tokens] = k
+        self.v[:, lo : lo + roll.chunk_tokens] = v
+        end = roll.visible_tokens
         return self.k[:, :end], self.v[:, :end]
 
 
@@ -53,37 +86,61 @@ class RollingKVCache:
         dtype: torch.dtype,
         device: torch.device,
         batch: int = 1,
+        block_window_chunks: Sequence[int] | None = None,
     ):
+        """block_window_chunks: each block's window (chunks after the sink), None: `window_chunks` for every block.
+        `window_chunks` must be the longest of them (what `used`, `slot` and `visible_tokens` describe)."""
         if window_chunks < 1 or sink_chunks < 0:
             raise ValueError(f"window_chunks must be >= 1 and sink_chunks >= 0, got {window_chunks}, {sink_chunks}")
+        windows = [window_chunks] * num_blocks if block_window_chunks is None else list(block_window_chunks)
+        if len(windows) != num_blocks or any(not 1 <= w <= window_chunks for w in windows):
+            raise ValueError(
+                f"block_window_chunks must give each of the {num_blocks} blocks a window in [1, {window_chunks}], "
+                f"got {windows}"
+            )
         self.chunk_tokens, self.sink_chunks, self.window_chunks = chunk_tokens, sink_chunks, window_chunks
+        self.block_window_chunks = tuple(windows)
         self.slots = sink_chunks + window_chunks
-        shape = (batch, self.slots * chunk_tokens, heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_blocks)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_blocks)]
-        self.used = 0  # slots holding a chunk
-        self.slot = -1  # slot of the current chunk
-        self.windows = [BlockWindow(self, k, v) for k, v in zip(self.k, self.v)]
+        # the longest window first: the cache's own used / slot are its (the whole rollout's when every block has it)
+        rolls = {w: WindowRoll(chunk_tokens=chunk_tokens, sink_chunks=sink_chunks, window_chunks=w) for w in windows}
+        self._roll = rolls.setdefault(
+            window_chunks, WindowRoll(chunk_tokens=chunk_tokens, sink_chunks=sink_chunks, window_chunks=window_chunks)
+        )
+        self.rolls = [self._roll, *(r for w, r in rolls.items() if w != window_chunks)]
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.windows: list[BlockWindow] = []
+        for w in windows:  # each block holds only its own slots
+            roll = rolls[w]
+            shape = (batch, roll.slots * chunk_tokens, heads, head_dim)
+            k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+            self.k.append(k)
+            self.v.append(v)
+            self.windows.append(BlockWindow(roll, k, v))
+        for roll in self.rolls:  # shift order as before: every K, then every V
+            roll.buffers = [b for i, b in enumerate(self.k) if self.windows[i].roll is roll]
+            roll.buffers += [b for i, b in enumerate(self.v) if self.windows[i].roll is roll]
+
+    @property
+    def used(self) -> int:  # slots of the longest window holding a chunk
+        return self._roll.used
+
+    @property
+    def slot(self) -> int:  # slot of the current chunk in the longest window
+        return self._roll.slot
 
     def block(self, index: int) -> BlockWindow:
         return self.windows[index]
 
     def begin_chunk(self) -> int:
-        """Choose (and free, by shifting) the slot for the next chunk; returns it."""
-        if self.used < self.slots:
-            self.slot = self.used
-            self.used += 1
-        else:
-            n = self.chunk_tokens
-            for buf in (*self.k, *self.v):  # drop the oldest window chunk; sink slots stay
-                for s in range(self.sink_chunks, self.slots - 1):  # slot by slot: no overlap, no temporary
-                    buf[:, s * n : (s + 1) * n].copy_(buf[:, (s + 1) * n : (s + 2) * n])
-            self.slot = self.slots - 1
+        """Choose (and free, by shifting) the slot for the next chunk in every window; returns the longest's."""
+        for roll in self.rolls:
+            roll.begin_chunk()
         return self.slot
 
     @property
     def visible_tokens(self) -> int:
-        return (self.slot + 1) * self.chunk_tokens
+        return self._roll.visible_tokens
 
     def update(self, block: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write block `block`'s K/V of this chunk into its slot; return the visible K/V (see `BlockWindow`)."""
@@ -93,36 +150,47 @@ class RollingKVCache:
         lo = slot * self.chunk_tokens
         return self.k[block][:, lo : lo + self.chunk_tokens], self.v[block][:, lo : lo + self.chunk_tokens]
 
+    def block_slots(self) -> list[int]:
+        """Each block's slots (sink included)."""
+        return [self.sink_chunks + w for w in self.block_window_chunks]
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The window (the K/V of the used slots, per block) and how far it is filled: `window_state_problem` and
         `state_problem` check such a state from its header before it is loaded."""
-        end = self.used * self.chunk_tokens
+        ends = [window.roll.used * self.chunk_tokens for window in self.windows]
         return {
             "used": torch.tensor(self.used),
-            **{f"k.{i}": k[:, :end] for i, k in enumerate(self.k)},
-            **{f"v.{i}": v[:, :end] for i, v in enumerate(self.v)},
+            **{f"k.{i}": k[:, :end] for i, (k, end) in enumerate(zip(self.k, ends))},
+            **{f"v.{i}": v[:, :end] for i, (v, end) in enumerate(zip(self.v, ends))},
         }
 
     def state_entries(self, used: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-        """What `state_dict` holds when `used` slots are filled: key -> (dtype, shape)."""
+        """What `state_dict` holds when `used` slots of the longest window are filled: key -> (dtype, shape)."""
         batch, _, heads, head_dim = self.k[0].shape
-        block = (self.k[0].dtype, (batch, used * self.chunk_tokens, heads, head_dim))
-        return {"used": (torch.int64, ()), **{f"{kv}.{i}": block for kv in "kv" for i in range(len(self.k))}}
+        dtype = self.k[0].dtype
+        blocks = {
+            i: (dtype, (batch, min(used, slots) * self.chunk_tokens, heads, head_dim))
+            for i, slots in enumerate(self.block_slots())
+        }
+        return {"used": (torch.int64, ()), **{f"{kv}.{i}": blocks[i] for kv in "kv" for i in blocks}}
 
     def state_problem(self, entries: Entries, used: int) -> str | None:
-        """What keeps a saved window out of this cache (its blocks, heads, head size, chunk tokens and dtype: this
-        model, size and window settings), None if it fits."""
+        """What keeps a saved window out of this cache (its blocks, heads, head size, chunk tokens, dtype and each
+        block's window: this model, size and window settings), None if it fits."""
         if not 0 <= used <= self.slots:
             return f"its KV window fills {used} slots, this window has {self.slots}"
         want = self.state_entries(used)
         if dict(entries) == want:
             return None
         blocks = sum(key.startswith("k.") for key in entries)
-        dtype, shape = entries.get("k.0", (None, ()))
-        need_dtype, need = want["k.0"]
+        # the first block that differs (a block's window differs with the kv_history setting)
+        first = next((i for i in range(len(self.k)) if entries.get(f"k.{i}") != want[f"k.{i}"]), 0)
+        dtype, shape = entries.get(f"k.{first}", (None, ()))
+        need_dtype, need = want[f"k.{first}"]
+        which = f", block {first}" if first else ""
         return (
-            f"its KV window has {blocks} blocks of {list(shape)} {_dtype_name(dtype)}; this model, size and window "
-            f"settings need {len(self.k)} blocks of {list(need)} {_dtype_name(need_dtype)}"
+            f"its KV window has {blocks} blocks{which} of {list(shape)} {_dtype_name(dtype)}; this model, size and "
+            f"window settings need {len(self.k)} blocks{which} of {list(need)} {_dtype_name(need_dtype)}"
         )
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -130,11 +198,13 @@ class RollingKVCache:
         problem = self.state_problem({k: (v.dtype, tuple(v.shape)) for k, v in state.items()}, used)
         if problem is not None:
             raise ValueError(f"{problem}: resume with the model, size and window settings it was saved with")
-        end = used * self.chunk_tokens
         for i, (k, v) in enumerate(zip(self.k, self.v)):
+            end = state[f"k.{i}"].shape[1]
             k[:, :end].copy_(state[f"k.{i}"])
             v[:, :end].copy_(state[f"v.{i}"])
-        self.used, self.slot = used, used - 1
+        for roll in self.rolls:
+            roll.used = min(used, roll.slots)
+            roll.slot = roll.used - 1
 
     @property
     def nbytes(self) -> int:
@@ -144,13 +214,21 @@ class RollingKVCache:
         self.k.clear()
         self.v.clear()
         self.windows.clear()
-        self.used, self.slot = 0, -1
+        for roll in self.rolls:
+            roll.buffers.clear()
+            roll.used, roll.slot = 0, -1
 
 
-def window_state_problem(entries: Entries, read: Callable[[str], torch.Tensor], slots: int) -> str | None:
+def window_state_problem(
+    entries: Entries,
+    read: Callable[[str], torch.Tensor],
+    slots: int,
+    block_slots: Callable[[int], Sequence[int]] | None = None,
+) -> str | None:
     """What is wrong with a saved window on its own (`RollingKVCache.state_dict`'s entries, from a file header;
     `read` loads one small tensor), None if nothing: 'used' an int64 in [0, slots], the blocks 0..n-1 each with k
-    and v of one floating dtype and one shape [batch, used * chunk tokens, heads, head_dim]."""
+    and v of one floating dtype and shape [batch, tokens, heads, head_dim], block i holding min(used, its slots)
+    whole chunks (`block_slots(n)`: each block's slots; None: `slots` for every block)."""
     if entries.get("used") != (torch.int64, ()):
         return "its KV window has no 'used' count (an int64 scalar)"
     used = int(read("used"))
@@ -161,14 +239,25 @@ def window_state_problem(entries: Entries, read: Callable[[str], torch.Tensor], 
     if not 1 <= blocks <= MAX_SAVED_BLOCKS or set(entries) != expected:
         odd = sorted(set(entries) ^ expected)
         return f"its KV window entries are not k.0, v.0, ... k.N-1, v.N-1 (odd: {', '.join(odd[:4])})"
-    kinds = {entries[key] for key in expected - {"used"}}
-    if len(kinds) != 1:
+    try:
+        each = list(block_slots(blocks)) if block_slots is not None else [slots] * blocks
+    except ValueError as err:
+        return f"its KV window of {blocks} blocks does not fit its window settings: {err}"
+    kinds = {(dtype, shape[:1] + shape[2:]) for key, (dtype, shape) in entries.items() if key != "used"}
+    if len(kinds) != 1 or any(len(shape) != 4 for key, (_, shape) in entries.items() if key != "used"):
         return "its KV window blocks differ in dtype or shape"
-    dtype, shape = kinds.pop()
-    if not dtype.is_floating_point or len(shape) != 4 or 0 in (shape[0], shape[2], shape[3]):
-        return f"its KV window blocks are {list(shape)} {_dtype_name(dtype)}, not floating [1, tokens, heads, dim]"
-    if shape[1] % used if used else shape[1]:
-        return f"its KV window of {shape[1]} tokens does not hold {used} whole chunks"
+    dtype, rest = kinds.pop()
+    if not dtype.is_floating_point or 0 in rest:
+        return f"its KV window blocks are {_dtype_name(dtype)} of batch, heads, head size {list(rest)}, not floating"
+    filled = [min(used, s) for s in each]
+    tokens = [entries[f"k.{i}"][1][1] for i in range(blocks)]
+    if any(entries[f"v.{i}"][1][1] != t for i, t in enumerate(tokens)):
+        return "its KV window's k and v of one block differ in length"
+    chunk = tokens[0] // filled[0] if used else 0
+    if used and (chunk < 1 or tokens != [f * chunk for f in filled]):
+        return f"its KV window's blocks hold {tokens} tokens, not {filled} whole chunks of one size ({used} used)"
+    if not used and any(tokens):
+        return "its KV window is empty (used 0) but its blocks hold tokens"
     return None
 
 

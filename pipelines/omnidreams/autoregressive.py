@@ -77,6 +77,7 @@ class Rollout:
             head_dim=cfg.head_dim,
             dtype=model.dtype,
             device=device,
+            block_window_chunks=settings.block_window_chunks(cfg.num_blocks),
         )
         self.generator = torch.Generator("cpu").manual_seed(int(seed))
         self.shape = (1, cfg.in_channels, lt, h, w)
@@ -133,6 +134,10 @@ class Rollout:
         dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
         self.chunk += 1
         return x0
+
+    def override_prompt(self, chunk: int, text: torch.Tensor) -> None:
+        """A prompt from `chunk` on, switched in by the caller's `PromptCross` (a parallel rollout also tells its
+        workers)."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {

@@ -66,6 +66,9 @@ class DrivenRollout(Rollout):
             self._end(exc)  # inside a step: the workers stopped with us (a cancel) or the pool is gone
             raise
 
+    def override_prompt(self, chunk: int, text: torch.Tensor) -> None:
+        self.prompt.override(chunk, text)  # sent to the workers at that step
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         raise ValueError("saving the rollout state needs world size 1: each rank holds only its heads' KV window")
 

@@ -69,6 +69,12 @@ class PromptSwitch:
         self.dtype, self.device = dtype, device
         self.active: torch.Tensor | None = None
 
+    def override(self, chunk: int, text: torch.Tensor) -> None:
+        """`text` from `chunk` on (a live session's prompt): the schedule's entries from that chunk on give way."""
+        keep = bisect.bisect_left(self.starts, chunk)
+        self.entries = [*self.entries[:keep], (chunk, text)]
+        self.starts = [start for start, _ in self.entries]
+
     def switch(self, chunk: int) -> torch.Tensor | None:
         """The prompt that switches in at `chunk`, in the compute dtype on the device (the one copy a rollout keeps
         or sends); None while the active one holds."""

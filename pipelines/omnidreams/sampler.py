@@ -25,7 +25,12 @@ def rollout_plan(model, conditioning, width: int, height: int) -> tuple[tuple[in
         check_size(width, height)
         h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
         compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
-    settings = ARSettings(len_t=model.chunk_frames, window_frames=model.window_frames, sink_frames=model.sink_frames)
+    settings = ARSettings(
+        len_t=model.chunk_frames,
+        window_frames=model.window_frames,
+        sink_frames=model.sink_frames,
+        short_history_blocks=model.short_history_blocks,
+    )
     return (int(h), int(w)), settings
 
 

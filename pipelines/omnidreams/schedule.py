@@ -12,6 +12,7 @@ from .latents import VAE_TEMPORAL
 
 DEFAULT_STEPS = 2
 NUM_TRAIN_TIMESTEPS, SHIFT = 1000, 5.0
+MAX_SHORT_HISTORY_BLOCKS = 64  # early short-history blocks a setting may name (the released DiT has 28 blocks)
 
 
 def sigma_table() -> torch.Tensor:
@@ -46,6 +47,9 @@ class ARSettings:
     sink_frames: int = 0  # leading latent frames that never leave the window
     denoise: tuple[int, ...] = (1000, 450)
     context_t: float = 128.0
+    # FlashDreams' early short history (its `early_short_history_block_count`): the first N DiT blocks keep the sink
+    # and one chunk (the current one: no earlier chunk), the others window_frames. 0: every block keeps window_frames.
+    short_history_blocks: int = 0
 
     def slots(self) -> tuple[int, int]:
         """(sink chunks, rolling window chunks)."""
@@ -54,7 +58,23 @@ class ARSettings:
                 raise ValueError(f"{name}={value} must be a multiple of the chunk length {self.len_t}")
         if not 0 <= self.sink_frames < self.window_frames:
             raise ValueError(f"sink_frames={self.sink_frames} must be in [0, window_frames={self.window_frames})")
+        if not 0 <= self.short_history_blocks <= MAX_SHORT_HISTORY_BLOCKS:
+            raise ValueError(
+                f"short_history_blocks={self.short_history_blocks} must be in [0, {MAX_SHORT_HISTORY_BLOCKS}]"
+            )
         return self.sink_frames // self.len_t, (self.window_frames - self.sink_frames) // self.len_t
+
+    def block_window_chunks(self, num_blocks: int) -> list[int] | None:
+        """Each block's rolling window in chunks (after the sink): one chunk for the first short_history_blocks,
+        the window for the rest; None when every block has the window (the uniform cache)."""
+        window = self.slots()[1]
+        if not self.short_history_blocks:
+            return None
+        if self.short_history_blocks > num_blocks:
+            raise ValueError(
+                f"short_history_blocks={self.short_history_blocks} must be at most the model's {num_blocks} blocks"
+            )
+        return [1] * self.short_history_blocks + [window] * (num_blocks - self.short_history_blocks)
 
 
 def num_chunks_for_frames(frames: int, len_t: int = 2) -> int:

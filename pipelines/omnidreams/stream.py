@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -93,10 +93,52 @@ def video_frames(video, width: int, height: int, skip: int = 0) -> Generator[tor
     import av
 
     with av.open(video.get_stream_source(), mode="r") as container:
-        for index, frame in enumerate(container.decode(video=0)):
-            if index >= skip:
-                image = torch.from_numpy(frame.to_ndarray(format="rgb24")) / 255.0
-                yield resize_images(image[None], width, height)[0]
+        rows = (frame.to_ndarray(format="rgb24") for frame in container.decode(video=0))
+        yield from image_rows(itertools.islice(rows, skip, None), width, height)
+
+
+def image_rows(frames: Iterable, width: int, height: int) -> Generator[torch.Tensor, None, None]:
+    """RGB uint8 arrays [H, W, 3] (a video's frames, frames pushed to a live session) as the IMAGE rows the HD-map
+    encode reads: scaled to [0, 1] and resized to width x height, one at a time."""
+    for rgb in frames:
+        yield resize_images((torch.from_numpy(rgb) / 255.0)[None], width, height)[0]
+
+
+class ScriptEnded(Exception):
+    """A script ends the stream inside a chunk (a live session stopped while the chunk waited for its HD-map frames):
+    the stream ends after its last whole chunk, without a state to save (the HD-map encoder read into the next one)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a chunk starts with: the prompt that switches in at it (text, encoded by the stream), if any."""
+
+    prompt: str | None = None
+
+
+class Script:
+    """What a stream is told before each chunk. This one makes a fixed number of chunks with the conditioning's
+    prompt schedule; a live session (live.LiveSession) and a replay of one (record.Replay) also switch prompts, bring
+    HD-map frames and decide when to end."""
+
+    def __init__(self, chunks: int):
+        self.chunks = chunks
+
+    def before_chunk(self, made: int, chunk: int) -> Turn | None:
+        """Before chunk `chunk` (the `made`-th of this run): None ends the stream."""
+        return Turn() if made < self.chunks else None
+
+    def total(self, made: int) -> int:
+        """Chunks the progress bar counts to."""
+        return self.chunks
+
+    def hdmap_frames(self) -> Iterator | None:
+        """RGB uint8 frames [H, W, 3] of the HD-map, read as the chunks need them (None: the node's HD-map video)."""
+        return None
 
 
 def hdmap_pixel_frames(chunk: int, len_t: int = 2) -> int:
@@ -126,14 +168,24 @@ def stream(
     resume: SavedState | None = None,
     compiled: bool = False,
     progress=None,
+    script: Script | None = None,
+    encode: Callable[[str], torch.Tensor] | None = None,
+    previews: bool = True,
 ) -> StreamResult:
     """Make `chunks` more chunks of the rollout and hand each chunk's IMAGE frames to `write` as it finishes.
 
     hdmap: core's VIDEO of the HD-map, read chunk by chunk (None: no HD-map); resume: a file of an earlier run's
     `StreamResult.state` (`read_state_file`) with the same model, VAE, size, seed and settings, checked against this
     run before it is loaded; compiled: the DiT blocks under torch.compile;
-    progress: a factory total -> bar with update(n, preview=PIL image).
+    progress: a factory total -> bar with update(n, preview=PIL image); script: what happens before each chunk
+    (default: `chunks` chunks, the conditioning's prompt schedule); encode: prompt text -> embedding, for the prompts
+    a script switches in (the conditioning's text encoder); previews: each chunk's last frame on the progress bar (a
+    live session's panel shows them all).
     """
+    script = script or Script(chunks)
+    pushed = script.hdmap_frames()
+    if pushed is not None and hdmap is not None:
+        raise ValueError("the HD-map comes from the hdmap video or from pushed frames, not both: disconnect one")
     (h, w), settings = rollout_plan(model, conditioning, width, height)
     wan = WanChunks(vae, fusion)
     metadata = state_metadata(seed, (h, w), settings)
@@ -159,9 +211,11 @@ def stream(
         prompts = PromptCross(run.model, conditioning.text, conditioning.schedule, model.device)
         if hdmap is not None:
             maps = video_frames(hdmap, w * VAE_SPATIAL, h * VAE_SPATIAL, skip=wan.encoder.frames)
-        bar = (progress or compat.ProgressBar)(chunks)
+        elif pushed is not None:
+            maps = image_rows(pushed, w * VAE_SPATIAL, h * VAE_SPATIAL)
+        bar = (progress or compat.ProgressBar)(script.total(0))
         try:
-            made, written = _roll(run, wan, prompts, maps, settings, model, chunks, write, bar)
+            made, written, whole = _roll(run, wan, prompts, maps, settings, model, script, encode, write, bar, previews)
         except BaseException:
             # a cancel or an error: the finished chunks' held-back frames still go to the file (no cancel point)
             with contextlib.suppress(Exception):
@@ -170,7 +224,8 @@ def stream(
                     write(tail)
             raise
         # the state before the held-back frames are decoded: a resumed run decodes them with their successors
-        state = StreamState({**run.state_dict(), **wan.state_dict()}, metadata) if model.world_size == 1 else None
+        saveable = whole and model.world_size == 1
+        state = StreamState({**run.state_dict(), **wan.state_dict()}, metadata) if saveable else None
         tail = wan.flush()
         if tail is not None:
             write(tail)
@@ -183,15 +238,23 @@ def stream(
         compat.free_memory()
 
 
-def _roll(run, wan, prompts, maps, settings, model, chunks, write, bar) -> tuple[int, int]:
-    """The chunk loop of `stream`: (chunks made, pixel frames written)."""
+def _roll(run, wan, prompts, maps, settings, model, script, encode, write, bar, previews) -> tuple[int, int, bool]:
+    """The chunk loop of `stream`: (chunks made, pixel frames written, whether it ended between chunks)."""
     written = made = 0
-    for _ in range(chunks):
+    while (turn := script.before_chunk(made, run.chunk)) is not None:
         k = run.chunk
+        if turn.prompt is not None:
+            if encode is None:
+                raise ValueError(f"a prompt switches in at chunk {k} but no text encoder is connected")
+            text = encode(turn.prompt)
+            prompts.override(k, text)
+            run.override_prompt(k, text)
         hd = None
         if maps is not None:
             try:
                 hd = normalize_latent(wan.encode(maps, settings.len_t))
+            except ScriptEnded:
+                return made, written, False
             except EOFError as end:
                 need = sum(hdmap_pixel_frames(i, settings.len_t) for i in range(k + 1))
                 raise ValueError(
@@ -203,8 +266,9 @@ def _roll(run, wan, prompts, maps, settings, model, chunks, write, bar) -> tuple
         images = wan.decode(denormalize_latent(x0))
         write(images)
         written, made = written + images.shape[0], made + 1
-        bar.update(1, preview=_preview(images[-1]))
-    return made, written
+        bar.total = script.total(made)
+        bar.update(1, preview=_preview(images[-1]) if previews else None)
+    return made, written, True
 
 
 def _preview(frame: torch.Tensor):

@@ -157,14 +157,19 @@ def _state_problem(entries: Entries, metadata: dict[str, str], read: Callable[[s
             len_t=int(metadata["len_t"]),
             window_frames=int(metadata["window_frames"]),
             sink_frames=int(metadata["sink_frames"]),
+            short_history_blocks=int(metadata.get("short_history_blocks", "0")),  # absent: saved before the option
         )
+        sink, _ = settings.slots()
         slots = sum(settings.slots())
         int(metadata["seed"])
         h, w = json.loads(metadata["latent_hw"])
         if min(settings.len_t, int(h), int(w)) < 1:
             raise ValueError
     except (KeyError, ValueError, TypeError, ZeroDivisionError):
-        return "its metadata (seed, latent_hw, window_frames, sink_frames, len_t) is incomplete or not numbers"
+        return (
+            "its metadata (seed, latent_hw, window_frames, sink_frames, short_history_blocks, len_t) is incomplete, "
+            "not numbers or out of range"
+        )
     unknown = sorted(k for k in entries if k not in ("chunk", "generator") and not k.startswith(_PART_PREFIXES))
     if unknown:
         return f"it holds tensors no stream state has: {', '.join(unknown[:4])}"
@@ -180,7 +185,12 @@ def _state_problem(entries: Entries, metadata: dict[str, str], read: Callable[[s
         torch.Generator().set_state(read("generator"))
     except RuntimeError:
         return "its noise generator state is not one torch can continue"
-    problem = window_state_problem(_part(entries, "kv"), _prefixed(read, "kv"), slots)
+    problem = window_state_problem(
+        _part(entries, "kv"),
+        _prefixed(read, "kv"),
+        slots,
+        lambda blocks: [sink + w for w in settings.block_window_chunks(blocks) or [slots - sink] * blocks],
+    )
     for stream in (StreamDecoder, StreamEncoder):
         problem = problem or stream.saved_problem(_part(entries, stream.PREFIX), _prefixed(read, stream.PREFIX))
     if problem is not None:
@@ -208,17 +218,23 @@ def state_metadata(seed: int, latent_hw: tuple[int, int], settings: ARSettings) 
         "latent_hw": json.dumps(list(latent_hw)),
         "window_frames": str(settings.window_frames),
         "sink_frames": str(settings.sink_frames),
+        "short_history_blocks": str(settings.short_history_blocks),
         "len_t": str(settings.len_t),
     }
+
+
+# what a state saved before a setting existed had: that setting's default (its rollout ran with it)
+_ABSENT_MEANS = {"short_history_blocks": "0"}
 
 
 def check_state(saved: dict[str, str], this_run: dict[str, str]) -> None:
     """A saved state continues only the rollout it came from: same seed, size and KV settings."""
     if saved.get("format") != STATE_FORMAT:
         raise ValueError("this file is not an OmniDreams stream state (saved by OmniVideo OmniDreams Stream)")
+    saved = {**_ABSENT_MEANS, **saved}
     wrong = [f"{k} {saved.get(k)} (this run: {v})" for k, v in this_run.items() if saved.get(k) != v]
     if wrong:
         raise ValueError(
             "the saved rollout state belongs to another rollout: " + ", ".join(wrong) + ". Resume with the seed, "
-            "size and window settings it was saved with."
+            "size and window settings it was saved with (short_history_blocks: the loader's kv_history)."
         )

@@ -1,0 +1,210 @@
+"""OmniVideo OmniDreams Live: OmniDreams Stream steered while it runs — prompts, HD-map frames, pause / resume / stop
+and more chunks over HTTP (integration/live_routes), its frames to the browser panel (web/omnidreams_live.js) and any
+MJPEG player as they are decoded, its events recorded next to the video for OmniDreams Stream's replay."""
+
+from __future__ import annotations
+
+from .. import compat
+from ..compat import io
+from ..integration import live_routes, safe_paths
+from ..integration.live_frames import FrameHub
+from ..pipelines.omnidreams.live import LiveSession
+from ..pipelines.omnidreams.record import write_record
+from ..pipelines.wan_decode import FUSION_CHOICES
+from .omnidreams_stream import (
+    FPS,
+    MAX_CHUNKS,
+    STATE_EXT,
+    VALIDATE_STREAM_INPUTS,
+    StreamRun,
+    _in_output,
+    pixel_size,
+    prompt_encoder,
+)
+from .sampling import SEED_MAX
+from .types import ConditioningType, ModelType, TextEncoderType
+
+DEFAULT_MAX_CHUNKS = 900  # 2 minutes at 30 fps
+MAX_IDLE_TIMEOUT = 3600
+EVENT = "omnivideo.live"  # the websocket message that tells the queuing client its session
+
+
+class OmniDreamsLive(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniDreamsLive",
+            **compat.search_aliases("live", "interactive", "world model", "realtime"),
+            display_name="OmniVideo OmniDreams Live",
+            category="OmniVideo/OmniDreams",
+            is_output_node=True,
+            description=(
+                "OmniDreams Stream that you steer while it runs: the panel on this node plays the frames as they are "
+                "decoded (30 fps) and sends a new prompt (from the next chunk, with the connected text encoder), "
+                "pause, resume, stop and more chunks; a simulator can push HD-map frames over HTTP (hdmap_pushed). "
+                "It makes `chunks` chunks, then waits for more, up to max_chunks. It holds ComfyUI's queue while it "
+                "runs: it ends by itself after idle_timeout seconds without events (and, while it runs, without a "
+                "viewer), and Cancel ends it within about a second; the video keeps every finished chunk. record "
+                "saves the events next to the video, for OmniDreams Stream's replay."
+            ),
+            inputs=[
+                ModelType.Input("model"),
+                ConditioningType.Input("conditioning"),
+                io.Vae.Input("vae", tooltip="The Wan 2.1 VAE (wan_2.1_vae.safetensors) from Load VAE."),
+                io.Int.Input("seed", default=42, min=0, max=SEED_MAX, control_after_generate=True),
+                io.Int.Input("chunks", default=8, min=1, max=MAX_CHUNKS, tooltip="Chunks before it waits for more."),
+                io.Int.Input(
+                    "max_chunks", default=DEFAULT_MAX_CHUNKS, min=1, max=MAX_CHUNKS, tooltip="The most it makes."
+                ),
+                io.Int.Input(
+                    "idle_timeout",
+                    default=60,
+                    min=5,
+                    max=MAX_IDLE_TIMEOUT,
+                    tooltip="Seconds without events (and, while it runs, without a viewer) before it ends.",
+                ),
+                io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="Without a first frame."),
+                io.Int.Input("height", default=704, min=16, max=8192, step=16, tooltip="Without a first frame."),
+                io.String.Input("filename_prefix", default="omnidreams/live"),
+                io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+                TextEncoderType.Input("text_encoder", optional=True, tooltip="Encodes the prompts sent while it runs."),
+                io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk."),
+                io.Boolean.Input(
+                    "hdmap_pushed",
+                    default=False,
+                    optional=True,
+                    tooltip="The HD-map comes as frames pushed over HTTP; each chunk waits for its frames.",
+                ),
+                io.Boolean.Input(
+                    "record", default=True, optional=True, tooltip="Save the events next to the video, for replay."
+                ),
+                io.String.Input(
+                    "save_state_as", default="", optional=True, tooltip="Save the final state, e.g. drive.safetensors"
+                ),
+                io.String.Input(
+                    "resume_from", default="", optional=True, tooltip="A state file in the output folder to continue."
+                ),
+            ],
+            outputs=[io.Video.Output(display_name="video")],
+        )
+
+    validate_inputs = VALIDATE_STREAM_INPUTS
+
+    @classmethod
+    def execute(
+        cls,
+        model,
+        conditioning,
+        vae,
+        seed=42,
+        chunks=8,
+        max_chunks=DEFAULT_MAX_CHUNKS,
+        idle_timeout=60,
+        width=1280,
+        height=704,
+        filename_prefix="omnidreams/live",
+        fusion="auto",
+        text_encoder=None,
+        hdmap=None,
+        hdmap_pushed=False,
+        record=True,
+        save_state_as="",
+        resume_from="",
+    ) -> io.NodeOutput:
+        if hdmap_pushed and hdmap is not None:
+            raise ValueError("hdmap_pushed takes the HD-map from pushed frames: disconnect the hdmap video or unset it")
+        encode = None if text_encoder is None else prompt_encoder(text_encoder, "OmniDreams Live's text_encoder")
+        run = StreamRun(model, filename_prefix, save_state_as, resume_from)
+        hub = FrameHub()
+        session = LiveSession(
+            chunks=chunks,
+            max_chunks=max_chunks,
+            idle_timeout=idle_timeout,
+            prompts=encode is not None,
+            hdmap_pushed=hdmap_pushed,
+            viewers=lambda: hub.viewers,
+        )
+        size = pixel_size(conditioning, width, height)
+        live_routes.open_session(session, hub, FPS, *size)
+        prompt_id, node_id = compat.running_node() or ("", "")
+        about = {"node": node_id, "prompt_id": prompt_id, "token": session.token}
+        compat.tell_client(
+            EVENT,
+            {
+                **about,
+                "state": "running",
+                "fps": FPS,
+                "width": size[0],
+                "height": size[1],
+                "chunks": chunks,
+                "max_chunks": max_chunks,
+                "idle_timeout": idle_timeout,
+            },
+        )
+
+        def write(images):
+            run.writer.write(images)
+            hub.publish(images, session.chunk)
+
+        result, reason = None, "error"
+        try:
+            result = run.stream(
+                conditioning,
+                vae,
+                write=write,
+                seed=seed,
+                chunks=max_chunks,
+                width=width,
+                height=height,
+                fusion=fusion,
+                hdmap=hdmap,
+                script=session,
+                encode=encode,
+                previews=False,  # the panel plays every frame
+            )
+            reason = session.reason or "finished"
+        except BaseException as exc:
+            reason = "cancelled" if compat.is_interrupt(exc) else "error"
+            raise
+        finally:
+            session.end(reason)
+            live_routes.close_session(session.token)
+            kept = _save_record(run, session, seed, size, hdmap) if record else None  # never raises
+            compat.tell_client(
+                EVENT,
+                {
+                    **about,
+                    "state": "ended",
+                    "reason": reason,
+                    "frames": run.writer.frames_written,
+                    "chunks": session.made,
+                    "record": kept,
+                },
+            )
+            session.frames_used.close()
+        made = f"{run.writer.frames_written} frames ({session.made} chunks, {reason})"
+        return run.output(made, result.state if result else None, f"; events in {kept}" if kept else "")
+
+
+def _save_record(run: StreamRun, session: LiveSession, seed: int, size, hdmap) -> str | None:
+    """The session's record next to its video (nothing when no chunk was made); its name, as resume_from takes it."""
+    if run.writer.frames_written == 0:
+        return None
+    source = "pushed" if session.hdmap_pushed else "video" if hdmap is not None else "none"
+    info = {
+        "seed": str(seed),
+        "width": str(size[0]),
+        "height": str(size[1]),
+        "hdmap": source,
+        "chunks": str(session.made),
+    }
+    try:  # in the node's `finally`: a failure here must not hide how the session ended
+        path = safe_paths.reserve_output_file(_in_output(run.writer.path).removesuffix(".mp4") + ".events", STATE_EXT)
+        write_record(path, session.events, session.frames_used, info)
+    except Exception:
+        compat.log.exception("OmniDreams Live: the session's record could not be saved")
+        return None
+    return _in_output(path)
+
+
+NODES = [OmniDreamsLive]

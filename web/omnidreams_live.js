@@ -1,0 +1,447 @@
+// OmniVideo: the panel of the OmniDreams Live node. A plain ES module (no build step), loaded by both supported
+// frontends (1.27 in ComfyUI 0.3.64, 1.49 in 0.33) from the pack's WEB_DIRECTORY.
+//
+// The node's run announces its session on ComfyUI's websocket ("omnivideo.live": token, fps, size); the panel then
+// opens the session's /frames websocket (16-byte big-endian header: uint32 frame, uint32 chunk, float64 the server's
+// time.time() at decode; then a JPEG), queues the frames and shows them at the session's fps, polls the status route
+// for the state line and posts the user's events (prompt, pause, resume, stop, more).
+//
+// For tests and benchmarks each panel keeps its numbers on window.omnivideoLive.panels[<node id>] (and a few on the
+// panel element's dataset): frames received / shown / dropped, per-frame frames-to-screen latency in ms (the time a
+// frame was drawn minus the server time in its header: the same clock when browser and server share a machine).
+
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const NODE_TYPE = "OmniDreamsLive";
+const HEADER_BYTES = 16;
+const STATUS_POLL_MS = 500;
+const MAX_LATENCIES = 10000; // a long session keeps its last 10k frames' numbers
+const MAX_BUFFER_S = 2; // more than this much video waiting to be shown: drop the oldest frames (live, not a replay)
+const MAX_PROMPT_CHARS = 65536; // as the server takes one (a whole prompt schedule's length)
+
+const panels = new Set(); // every LivePanel of the page's graphs
+// window.omnivideoLive.panels: {<node id>: stats} (computed: a node gets its id when it is added to a graph)
+const live = (window.omnivideoLive = { sessions: {} });
+Object.defineProperty(live, "panels", {
+    get: () => Object.fromEntries([...panels].map((p) => [String(p.node.id), p.stats])),
+});
+
+const wallMs = () => performance.timeOrigin + performance.now();
+
+function el(tag, props = {}, style = {}) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props)) {
+        if (key === "testid") node.dataset.testid = value;
+        else node[key] = value;
+    }
+    Object.assign(node.style, style);
+    return node;
+}
+
+// Keys typed into the panel's fields are theirs, not the canvas shortcuts' (Delete, Ctrl+A, ...).
+function ownKeys(field) {
+    for (const type of ["keydown", "keyup", "keypress"]) field.addEventListener(type, (e) => e.stopPropagation());
+}
+
+function socketURL(path) {
+    const url = new URL(api.apiURL(path), window.location.href);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    return url.toString();
+}
+
+// The "omnivideo.live" message names the node as ComfyUI's "executing" does: its id, or "<subgraph path>:<id>".
+// No guessing beyond that: a session of a workflow in another tab must not take over this one's panel.
+function panelFor(nodeName) {
+    const name = String(nodeName);
+    for (const id of [name, name.split(":").pop()]) {
+        const match = [...panels].filter((p) => String(p.node.id) === id);
+        if (match.length === 1) return match[0];
+    }
+    return null;
+}
+
+class LivePanel {
+    constructor(node) {
+        this.node = node;
+        this.session = null; // the last "omnivideo.live" message of this node
+        this.socket = null;
+        this.queue = []; // decoded frames waiting for their turn: {index, chunk, serverTime, received, bitmap}
+        this.nextDue = 0; // performance.now() at which the next frame may be shown
+        this.pollTimer = null;
+        this.wantPaused = false; // a pause was asked for (it applies at the next chunk boundary) and not resumed
+        this.stats = this.freshStats(null);
+        this.build();
+        panels.add(this);
+        this.render();
+    }
+
+    freshStats(session) {
+        return {
+            token: session ? session.token : null,
+            fps: session ? session.fps : null,
+            state: session ? session.state : "idle",
+            reason: null,
+            framesReceived: 0,
+            framesShown: 0,
+            framesDropped: 0,
+            lastFrame: null, // {index, chunk} of the frame on screen
+            latencyMs: [], // per frame shown: display time - the header's server time
+            arrivalMs: [], // per frame received: arrival time - the header's server time
+            decodeMs: [], // per frame received: JPEG decoded - arrival
+            status: null, // the last GET /omnivideo/live/{token} answer
+            ended: null, // the "ended" message
+            sent: [], // events this panel posted: {type, id, state} or {type, error}
+            error: null,
+        };
+    }
+
+    build() {
+        const root = el(
+            "div",
+            { testid: "omnidreams-live-panel", className: "omnidreams-live-panel" },
+            { display: "flex", flexDirection: "column", gap: "4px", width: "100%", height: "100%",
+              boxSizing: "border-box", fontSize: "12px", color: "var(--input-text, #ddd)" },
+        );
+        this.canvas = el(
+            "canvas",
+            { testid: "omnidreams-live-canvas", width: 64, height: 48 },
+            { flex: "1 1 auto", minHeight: "0", width: "100%", objectFit: "contain", background: "#000",
+              borderRadius: "4px" },
+        );
+        this.stateLine = el(
+            "div",
+            { testid: "omnidreams-live-state", textContent: "idle: queue the workflow to start a session" },
+            { minHeight: "2.6em", overflowWrap: "anywhere", opacity: "0.9" },
+        );
+        this.prompt = el(
+            "textarea",
+            { testid: "omnidreams-live-prompt", rows: 2, placeholder: "New prompt (applies from the next chunk)",
+              maxLength: MAX_PROMPT_CHARS },
+            { width: "100%", boxSizing: "border-box", resize: "none", fontSize: "12px",
+              background: "var(--comfy-input-bg, #222)", color: "var(--input-text, #ddd)",
+              border: "1px solid var(--border-color, #444)", borderRadius: "4px" },
+        );
+        ownKeys(this.prompt);
+        const buttonStyle = { flex: "0 0 auto", fontSize: "12px", padding: "2px 8px", cursor: "pointer" };
+        this.sendButton = el("button", { testid: "omnidreams-live-send", textContent: "Send" }, buttonStyle);
+        this.pauseButton = el("button", { testid: "omnidreams-live-pause", textContent: "Pause" }, buttonStyle);
+        this.stopButton = el("button", { testid: "omnidreams-live-stop", textContent: "Stop" }, buttonStyle);
+        this.moreCount = el(
+            "input",
+            { testid: "omnidreams-live-more-count", type: "number", min: 1, max: 900, step: 1, value: 8,
+              title: "Chunks to add" },
+            { width: "4em", fontSize: "12px" },
+        );
+        this.moreButton = el("button", { testid: "omnidreams-live-more", textContent: "+8 more" }, buttonStyle);
+        this.moreCount.addEventListener("input", () => (this.moreButton.textContent = `+${this.moreChunks()} more`));
+        ownKeys(this.moreCount);
+
+        this.sendButton.addEventListener("click", () => this.sendPrompt());
+        this.pauseButton.addEventListener("click", () => this.post({ type: this.wantPaused ? "resume" : "pause" }));
+        this.stopButton.addEventListener("click", () => this.post({ type: "stop" }));
+        this.moreButton.addEventListener("click", () => this.post({ type: "more", chunks: this.moreChunks() }));
+
+        const row = el("div", {}, { display: "flex", gap: "4px", alignItems: "center", flexWrap: "wrap" });
+        row.append(this.sendButton, this.pauseButton, this.stopButton, this.moreCount, this.moreButton);
+        root.append(this.canvas, this.stateLine, this.prompt, row);
+        this.root = root;
+        this.ctx = this.canvas.getContext("2d");
+    }
+
+    moreChunks() {
+        const n = Math.round(Number(this.moreCount.value));
+        return Number.isFinite(n) ? Math.min(Math.max(n, 1), Number(this.moreCount.max) || 900) : 8;
+    }
+
+    active() {
+        return !!this.session && this.stats.state !== "ended";
+    }
+
+    // ------------------------------------------------------------------ the session
+
+    onSession(message) {
+        if (message.state === "ended") {
+            if (!this.session || message.token !== this.session.token) return;
+            this.stats.state = "ended";
+            this.stats.reason = message.reason || null;
+            this.stats.ended = message;
+            this.stopPolling();
+            this.pollOnce(); // the events' final chunks, while the server still knows the session
+            this.render();
+            return;
+        }
+        this.close();
+        this.session = message;
+        this.stats = this.freshStats(message);
+        this.wantPaused = false;
+        this.moreCount.max = message.max_chunks || 900;
+        live.sessions[message.token] = this.stats;
+        this.queue = [];
+        this.nextDue = 0;
+        if (message.width > 0 && message.height > 0) {
+            this.canvas.width = message.width;
+            this.canvas.height = message.height;
+        }
+        this.ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
+        this.openFrames(message.token);
+        this.startPolling();
+        this.render();
+    }
+
+    openFrames(token) {
+        const socket = new WebSocket(socketURL(`/omnivideo/live/${encodeURIComponent(token)}/frames`));
+        socket.binaryType = "arraybuffer";
+        socket.onmessage = (e) => this.onFrame(e.data);
+        socket.onerror = () => {
+            if (this.socket === socket && this.active()) this.stats.error = "the frames websocket failed";
+            this.render();
+        };
+        this.socket = socket;
+        this.ensurePlaying();
+    }
+
+    async onFrame(data) {
+        if (!(data instanceof ArrayBuffer) || data.byteLength <= HEADER_BYTES) return;
+        const received = wallMs();
+        const view = new DataView(data, 0, HEADER_BYTES);
+        const frame = { index: view.getUint32(0), chunk: view.getUint32(4), serverTime: view.getFloat64(8), received };
+        const stats = this.stats;
+        stats.framesReceived += 1;
+        stats.arrivalMs.push(received - frame.serverTime * 1000);
+        if (stats.arrivalMs.length > MAX_LATENCIES) stats.arrivalMs.shift();
+        try {
+            const jpeg = new Blob([new Uint8Array(data, HEADER_BYTES)], { type: "image/jpeg" });
+            frame.bitmap = await createImageBitmap(jpeg);
+            stats.decodeMs.push(wallMs() - received);
+            if (stats.decodeMs.length > MAX_LATENCIES) stats.decodeMs.shift();
+        } catch (err) {
+            stats.error = `a frame did not decode: ${err}`;
+            return;
+        }
+        if (stats !== this.stats) return; // a new session started meanwhile
+        this.queue.push(frame);
+        this.queue.sort((a, b) => a.index - b.index); // decodes can finish out of order
+        const limit = Math.max(1, Math.round((this.session.fps || 30) * MAX_BUFFER_S));
+        while (this.queue.length > limit) {
+            this.queue.shift().bitmap.close?.();
+            stats.framesDropped += 1;
+        }
+        this.ensurePlaying();
+    }
+
+    ensurePlaying() {
+        if (!this.playing) {
+            this.playing = true;
+            requestAnimationFrame((t) => this.tick(t));
+        }
+    }
+
+    // One frame per 1/fps, drawn on the animation frame where its turn comes.
+    tick(now) {
+        if (this.queue.length && now >= this.nextDue) {
+            const frame = this.queue.shift();
+            const period = 1000 / (this.session?.fps || 30);
+            // behind by more than a frame (the first one, a gap in the stream): restart the clock at this frame
+            this.nextDue = now - this.nextDue > period ? now + period : this.nextDue + period;
+            this.ctx.drawImage(frame.bitmap, 0, 0, this.canvas.width, this.canvas.height);
+            frame.bitmap.close?.();
+            const stats = this.stats;
+            stats.framesShown += 1;
+            stats.lastFrame = { index: frame.index, chunk: frame.chunk };
+            stats.latencyMs.push(wallMs() - frame.serverTime * 1000);
+            if (stats.latencyMs.length > MAX_LATENCIES) stats.latencyMs.shift();
+            this.render();
+        }
+        const more = this.queue.length || (this.socket && this.socket.readyState <= WebSocket.OPEN);
+        if (more && !this.removed) requestAnimationFrame((t) => this.tick(t));
+        else this.playing = false;
+    }
+
+    startPolling() {
+        this.stopPolling();
+        this.pollTimer = setInterval(() => this.pollOnce(), STATUS_POLL_MS);
+        this.pollOnce();
+    }
+
+    stopPolling() {
+        if (this.pollTimer !== null) clearInterval(this.pollTimer);
+        this.pollTimer = null;
+    }
+
+    async pollOnce() {
+        const session = this.session;
+        if (!session) return;
+        try {
+            const res = await api.fetchApi(`/omnivideo/live/${encodeURIComponent(session.token)}`);
+            if (session !== this.session) return;
+            if (res.status === 404) {
+                if (this.stats.state !== "ended") this.stats.state = "ended"; // forgotten: it ended long ago
+                this.stopPolling();
+            } else if (res.ok) {
+                const status = await res.json();
+                this.stats.status = status;
+                if (this.stats.state !== "ended") this.stats.state = status.state;
+                if (status.state === "ended") {
+                    this.stats.state = "ended";
+                    this.stats.reason = this.stats.reason || status.reason;
+                    this.stopPolling();
+                }
+            }
+        } catch (err) {
+            this.stats.error = `status: ${err}`;
+        }
+        this.render();
+    }
+
+    // ------------------------------------------------------------------ events
+
+    sendPrompt() {
+        const text = this.prompt.value.trim();
+        if (!text) {
+            this.stats.error = "type a prompt first";
+            this.render();
+            return;
+        }
+        this.post({ type: "prompt", text });
+    }
+
+    async post(event) {
+        if (!this.active()) {
+            this.stats.error = "no running session: queue the workflow first";
+            this.render();
+            return null;
+        }
+        let record;
+        try {
+            const res = await api.fetchApi(`/omnivideo/live/${encodeURIComponent(this.session.token)}/events`, {
+                method: "POST",
+                headers: { "Content-Type": "application/json" },
+                body: JSON.stringify(event),
+            });
+            const body = await res.json().catch(() => ({}));
+            if (res.ok) {
+                record = { type: event.type, id: body.id, state: body.state };
+                if (event.type === "pause" || event.type === "resume") this.wantPaused = event.type === "pause";
+                if (body.state && this.stats.state !== "ended") this.stats.state = body.state;
+                this.stats.error = null;
+            } else {
+                record = { type: event.type, status: res.status, error: body.error || `HTTP ${res.status}` };
+                this.stats.error = `${event.type} refused: ${record.error}`;
+            }
+        } catch (err) {
+            record = { type: event.type, error: String(err) };
+            this.stats.error = `${event.type} failed: ${err}`;
+        }
+        this.stats.sent.push(record);
+        this.render();
+        this.pollOnce();
+        return record;
+    }
+
+    // ------------------------------------------------------------------ what it shows
+
+    describe() {
+        const s = this.stats;
+        const status = s.status;
+        if (!this.session) return "idle: queue the workflow to start a session";
+        const parts = [];
+        if (s.state === "ended") parts.push(`ended (${s.reason || "?"})`);
+        else if (s.state === "waiting") parts.push("waiting for more chunks");
+        else if (s.state === "running" && this.wantPaused) parts.push("running, pauses at the next chunk");
+        else parts.push(s.state);
+        if (status) parts.push(`chunk ${status.made ?? status.chunk}/${status.target}`);
+        else if (s.ended) parts.push(`${s.ended.chunks} chunks`);
+        parts.push(`shown ${s.framesShown}/${s.framesReceived}`);
+        const lat = s.latencyMs;
+        if (lat.length) parts.push(`${Math.round(lat[lat.length - 1])} ms`);
+        const applied = (status?.events || []).filter((e) => e.type === "prompt" && e.chunk != null);
+        if (applied.length) parts.push(`prompt at chunk ${applied[applied.length - 1].chunk}`);
+        if (status?.hdmap?.pushed) {
+            const waiting = status.hdmap.waiting ? ", waiting for frames" : "";
+            parts.push(`hd-map frames queued ${status.hdmap.queued}${waiting}`);
+        }
+        if (s.error) parts.push(s.error);
+        return parts.join(" · ");
+    }
+
+    render() {
+        const s = this.stats;
+        this.stateLine.textContent = this.describe();
+        this.stateLine.title = this.stateLine.textContent;
+        const d = this.root.dataset;
+        d.state = s.state;
+        d.token = s.token || "";
+        d.framesReceived = String(s.framesReceived);
+        d.framesShown = String(s.framesShown);
+        d.chunk = s.status ? String(s.status.chunk) : "";
+        const on = this.active();
+        this.sendButton.disabled = !on;
+        this.stopButton.disabled = !on;
+        this.moreButton.disabled = !on;
+        this.pauseButton.disabled = !on;
+        // a pause takes effect at the next chunk boundary: the button offers Resume as soon as it is asked for
+        this.pauseButton.textContent = this.wantPaused ? "Resume" : "Pause";
+        this.pauseButton.dataset.action = this.wantPaused ? "resume" : "pause";
+    }
+
+    close() {
+        this.stopPolling();
+        if (this.socket) {
+            this.socket.onmessage = null;
+            this.socket.close();
+        }
+        this.socket = null;
+        for (const frame of this.queue) frame.bitmap?.close?.();
+        this.queue = [];
+    }
+
+    remove() {
+        this.removed = true;
+        this.close();
+        panels.delete(this);
+    }
+}
+
+function attachPanel(node) {
+    if (node.omnidreamsLive) return;
+    const panel = new LivePanel(node);
+    node.omnidreamsLive = panel;
+    const widget = node.addDOMWidget("live", "omnidreams_live", panel.root, {
+        serialize: false, // UI only: not a widget value of the workflow nor an input of the prompt
+        hideOnZoom: false,
+        getMinHeight: () => 280,
+        getValue: () => "",
+        setValue: () => {},
+    });
+    widget.serialize = false;
+    const [width, height] = node.size;
+    node.setSize?.([Math.max(width, 360), Math.max(height, 560)]);
+    const onRemoved = node.onRemoved;
+    node.onRemoved = function () {
+        panel.remove();
+        return onRemoved?.apply(this, arguments);
+    };
+}
+
+app.registerExtension({
+    name: "omnivideo.OmniDreamsLive",
+    async setup() {
+        api.addEventListener("omnivideo.live", (e) => {
+            const message = e.detail || {};
+            if (typeof message.token !== "string") return;
+            const panel = panelFor(message.node);
+            if (panel) panel.onSession(message);
+            else live.sessions[message.token] = { orphan: message }; // a node not in this graph (another tab)
+        });
+    },
+    async beforeRegisterNodeDef(nodeType, nodeData) {
+        if (nodeData?.name !== NODE_TYPE) return;
+        const onNodeCreated = nodeType.prototype.onNodeCreated;
+        nodeType.prototype.onNodeCreated = function () {
+            const result = onNodeCreated?.apply(this, arguments);
+            attachPanel(this);
+            return result;
+        };
+    },
+});
