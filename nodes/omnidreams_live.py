@@ -10,9 +10,9 @@ from ..integration import live_routes, safe_paths
 from ..integration.live_frames import FrameHub
 from ..pipelines.omnidreams.live import LiveSession
 from ..pipelines.omnidreams.record import write_record
-from ..pipelines.wan_decode import FUSION_CHOICES
 from .omnidreams_stream import (
     FPS,
+    HDMAP_INPUT,
     MAX_CHUNKS,
     STATE_EXT,
     VALIDATE_STREAM_INPUTS,
@@ -20,9 +20,11 @@ from .omnidreams_stream import (
     _in_output,
     pixel_size,
     prompt_encoder,
+    rollout_inputs,
+    state_inputs,
+    video_inputs,
 )
-from .sampling import SEED_MAX
-from .types import ConditioningType, ModelType, TextEncoderType
+from .types import TextEncoderType
 
 DEFAULT_MAX_CHUNKS = 900  # 2 minutes at 30 fps
 MAX_IDLE_TIMEOUT = 3600
@@ -48,10 +50,7 @@ class OmniDreamsLive(io.ComfyNode):
                 "saves the events next to the video, for OmniDreams Stream's replay."
             ),
             inputs=[
-                ModelType.Input("model"),
-                ConditioningType.Input("conditioning"),
-                io.Vae.Input("vae", tooltip="The Wan 2.1 VAE (wan_2.1_vae.safetensors) from Load VAE."),
-                io.Int.Input("seed", default=42, min=0, max=SEED_MAX, control_after_generate=True),
+                *rollout_inputs(),
                 io.Int.Input("chunks", default=8, min=1, max=MAX_CHUNKS, tooltip="Chunks before it waits for more."),
                 io.Int.Input(
                     "max_chunks", default=DEFAULT_MAX_CHUNKS, min=1, max=MAX_CHUNKS, tooltip="The most it makes."
@@ -63,12 +62,9 @@ class OmniDreamsLive(io.ComfyNode):
                     max=MAX_IDLE_TIMEOUT,
                     tooltip="Seconds without events (and, while it runs, without a viewer) before it ends.",
                 ),
-                io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="Without a first frame."),
-                io.Int.Input("height", default=704, min=16, max=8192, step=16, tooltip="Without a first frame."),
-                io.String.Input("filename_prefix", default="omnidreams/live"),
-                io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+                *video_inputs("omnidreams/live"),
                 TextEncoderType.Input("text_encoder", optional=True, tooltip="Encodes the prompts sent while it runs."),
-                io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk."),
+                HDMAP_INPUT,
                 io.Boolean.Input(
                     "hdmap_pushed",
                     default=False,
@@ -78,12 +74,7 @@ class OmniDreamsLive(io.ComfyNode):
                 io.Boolean.Input(
                     "record", default=True, optional=True, tooltip="Save the events next to the video, for replay."
                 ),
-                io.String.Input(
-                    "save_state_as", default="", optional=True, tooltip="Save the final state, e.g. drive.safetensors"
-                ),
-                io.String.Input(
-                    "resume_from", default="", optional=True, tooltip="A state file in the output folder to continue."
-                ),
+                *state_inputs(),
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
@@ -108,8 +99,8 @@ class OmniDreamsLive(io.ComfyNode):
         hdmap=None,
         hdmap_pushed=False,
         record=True,
-        save_state_as="",
         resume_from="",
+        save_state_as="",
     ) -> io.NodeOutput:
         if hdmap_pushed and hdmap is not None:
             raise ValueError("hdmap_pushed takes the HD-map from pushed frames: disconnect the hdmap video or unset it")

@@ -60,6 +60,41 @@ def _in_output(path: str) -> str:
     return os.path.relpath(os.path.realpath(path), output).replace(os.sep, "/")
 
 
+def rollout_inputs() -> list:
+    """The first inputs of the stream nodes: what the rollout is made of."""
+    return [
+        ModelType.Input("model"),
+        ConditioningType.Input("conditioning"),
+        io.Vae.Input("vae", tooltip="The Wan 2.1 VAE (wan_2.1_vae.safetensors) from Load VAE."),
+        io.Int.Input("seed", default=42, min=0, max=SEED_MAX, control_after_generate=True),
+    ]
+
+
+def video_inputs(filename_prefix: str) -> list:
+    """The stream nodes' video: its size (without a first frame), its file and the decode's fusion."""
+    return [
+        io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="Without a first frame."),
+        io.Int.Input("height", default=704, min=16, max=8192, step=16, tooltip="Without a first frame."),
+        io.String.Input("filename_prefix", default=filename_prefix),
+        io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+    ]
+
+
+HDMAP_INPUT = io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk.")
+
+
+def state_inputs() -> list:
+    """The stream nodes' saved state: continue one, save this one's."""
+    return [
+        io.String.Input(
+            "resume_from", default="", optional=True, tooltip="A state file in the output folder to continue."
+        ),
+        io.String.Input(
+            "save_state_as", default="", optional=True, tooltip="Save the final state, e.g. drive.safetensors"
+        ),
+    ]
+
+
 def _validate_inputs(cls, resume_from=None):
     return _checked_resume_from(resume_from)
 
@@ -95,28 +130,17 @@ class OmniDreamsStream(io.ComfyNode):
                 "record (its prompts need text_encoder), the session's video bit for bit."
             ),
             inputs=[
-                ModelType.Input("model"),
-                ConditioningType.Input("conditioning"),
-                io.Vae.Input("vae", tooltip="The Wan 2.1 VAE (wan_2.1_vae.safetensors) from Load VAE."),
-                io.Int.Input("seed", default=42, min=0, max=SEED_MAX, control_after_generate=True),
+                *rollout_inputs(),
                 io.Int.Input("chunks", default=8, min=1, max=MAX_CHUNKS, tooltip="Chunks to make in this run."),
-                io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="Without a first frame."),
-                io.Int.Input("height", default=704, min=16, max=8192, step=16, tooltip="Without a first frame."),
-                io.String.Input("filename_prefix", default="omnidreams/stream"),
-                io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+                *video_inputs("omnidreams/stream"),
                 io.Boolean.Input(
                     "compile",
                     default=False,
                     optional=True,
                     tooltip="torch.compile the DiT blocks (the first chunks compile).",
                 ),
-                io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk."),
-                io.String.Input(
-                    "resume_from", default="", optional=True, tooltip="A state file in the output folder to continue."
-                ),
-                io.String.Input(
-                    "save_state_as", default="", optional=True, tooltip="Save the final state, e.g. drive.safetensors"
-                ),
+                HDMAP_INPUT,
+                *state_inputs(),
                 TextEncoderType.Input(
                     "text_encoder", optional=True, tooltip="For a replay whose session switched prompts."
                 ),

@@ -108,10 +108,6 @@ class ScriptEnded(Exception):
     """A script ends the stream inside a chunk (a live session stopped while the chunk waited for its HD-map frames):
     the stream ends after its last whole chunk, without a state to save (the HD-map encoder read into the next one)."""
 
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
 
 @dataclass(frozen=True)
 class Turn:

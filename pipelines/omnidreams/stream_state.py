@@ -159,8 +159,8 @@ def _state_problem(entries: Entries, metadata: dict[str, str], read: Callable[[s
             sink_frames=int(metadata["sink_frames"]),
             short_history_blocks=int(metadata.get("short_history_blocks", "0")),  # absent: saved before the option
         )
-        sink, _ = settings.slots()
-        slots = sum(settings.slots())
+        sink, window = settings.slots()
+        slots = sink + window
         int(metadata["seed"])
         h, w = json.loads(metadata["latent_hw"])
         if min(settings.len_t, int(h), int(w)) < 1:

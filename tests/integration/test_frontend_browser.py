@@ -15,6 +15,7 @@ workflow is queued with the page's Run button at a CPU-sized latent and must suc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -91,8 +92,9 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def page(comfy_server):
+@contextlib.contextmanager
+def frontend_page(comfy_server):
+    """The server's frontend in Debian's chromium, its app up; the page's errors collect in `page.page_errors`."""
     from playwright.sync_api import sync_playwright
 
     # a first-time user would get the template browser on top; the tests want the bare canvas
@@ -110,6 +112,12 @@ def page(comfy_server):
             yield page
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(comfy_server):
+    with frontend_page(comfy_server) as page:
+        yield page
 
 
 def _settle(page) -> None:

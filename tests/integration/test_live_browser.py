@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
 
 from support.omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict  # noqa: E402
-from test_frontend_browser import _chromium  # noqa: E402  (Debian's chromium; skips without one)
+from test_frontend_browser import _settle, frontend_page  # noqa: E402  (Debian's chromium; skips without one)
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,6 @@ PROMPT_A, PROMPT_B = "a car drives down the road", "camera at night on the stree
 # chunk 1 or 2, and the panel's "+1 more" makes the chunk after it.
 FIRST_CHUNKS, MORE_CHUNKS = 2, 1
 MADE = "(s.status.made ?? s.status.chunk)"  # chunks made in this run (the contract's "chunk")
-VIEWPORT = {"width": 1600, "height": 1000}
 RUN_BUTTON = "button[data-testid='queue-button'], [data-testid='queue-button'] button.p-splitbutton-button"
 
 # The live graph, built as a user would wire it: loaders -> Text Encode (prompt A) -> OmniDreams Live.
@@ -115,29 +114,12 @@ def live_files(comfy_server):
 
 @pytest.fixture(scope="module")
 def page(comfy_server, live_files):
-    from playwright.sync_api import sync_playwright
-
-    comfy_server.request("/settings/Comfy.TutorialCompleted", True)
-    comfy_server.request("/settings/Comfy.RightSidePanel.IsOpen", False)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(comfy_server.url, wait_until="domcontentloaded", timeout=120_000)
-            page.wait_for_function("() => window.app && window.app.graph && window.app.canvas", timeout=120_000)
-            page.wait_for_function("() => window.omnivideoLive", timeout=60_000)  # the pack's extension loaded
-            page.wait_for_function(
-                "() => ![...document.querySelectorAll('.p-blockui-mask')].some(m => m.checkVisibility())",
-                timeout=30_000,
-            )
-            for _ in range(3):
-                page.keyboard.press("Escape")
-            page.page_errors = errors
-            yield page
-        finally:
-            browser.close()
+    with frontend_page(comfy_server) as page:
+        page.wait_for_function("() => window.omnivideoLive", timeout=60_000)  # the pack's extension loaded
+        _settle(page)
+        for _ in range(3):
+            page.keyboard.press("Escape")
+        yield page
 
 
 def _stats(page, node_id: str) -> dict:
