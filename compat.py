@@ -316,10 +316,11 @@ def output_directory() -> str:
 
 
 def video_from_file(path: str):
-    """Core's VIDEO value for a video file (what Load Video gives), so Save Video / Get Video Components take it."""
-    from comfy_api.input_impl import VideoFromFile
+    """Core's VIDEO value for a video file (what Load Video gives), so Save Video / Get Video Components take it.
+    Through the public `comfy_api.latest.InputImpl` (0.3.64 and newer), not the internal module behind it."""
+    from comfy_api.latest import InputImpl
 
-    return VideoFromFile(path)
+    return InputImpl.VideoFromFile(path)
 
 
 def diffusion_model_wrapper_type() -> str:

@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import math
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -30,12 +31,29 @@ from .registrations import sparse_names
 
 @dataclass
 class AttentionStats:
+    """Counts over every call of one patched model. Core's MultiGPU CFG Split runs the model's clones (which share
+    one patch, and so these stats) on one thread per device at once: every update holds the lock."""
+
     sparse_calls: int = 0
     dense_calls: Counter = field(default_factory=Counter)  # reason key -> count
     kept_blocks: int = 0
     total_blocks: int = 0
     nominal_sparsity: float | None = None
     impls: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_dense(self, reason: str) -> None:
+        with self.lock:
+            self.dense_calls[reason] += 1
+
+    def count_sparse(self, impl: str, sparsity: float, info: dict) -> None:
+        with self.lock:
+            self.sparse_calls += 1
+            self.impls[impl] += 1
+            self.nominal_sparsity = sparsity
+            if info.get("total_blocks"):
+                self.kept_blocks += info["kept_blocks"]
+                self.total_blocks += info["total_blocks"]
 
     @property
     def realized_sparsity(self) -> float | None:
@@ -164,7 +182,7 @@ def attention(
     if why is not None:
         log_dense_once(*why)
         if stats is not None:
-            stats.dense_calls[why[0]] += 1
+            stats.count_dense(why[0])
         _, fn = dense_backend(None, platform)
         return _call(fn, q, k, v, scale=scale, layout=layout)
 
@@ -201,10 +219,5 @@ def attention(
             stats=info,
         )
     if stats is not None:
-        stats.sparse_calls += 1
-        stats.impls[name] += 1
-        stats.nominal_sparsity = config.sparsity
-        if info.get("total_blocks"):
-            stats.kept_blocks += info["kept_blocks"]
-            stats.total_blocks += info["total_blocks"]
+        stats.count_sparse(name, config.sparsity, info)
     return out

@@ -4,16 +4,19 @@ on every call, the log line must not."""
 from __future__ import annotations
 
 import logging
+import threading
 
 log = logging.getLogger("omnivideo")
 _said: set[tuple] = set()
+_lock = threading.Lock()  # models run on several threads at once (core's MultiGPU CFG Split)
 
 
 def log_once(key: tuple, level: int, message: str, *args) -> bool:
     """Log `message % args` the first time `key` is seen; True when it was logged now."""
-    if key in _said:
-        return False
-    _said.add(key)
+    with _lock:
+        if key in _said:
+            return False
+        _said.add(key)
     log.log(level, message, *args)
     return True
 

@@ -15,10 +15,19 @@ so RainFusion goes sparse over the generated video rows only and keeps every oth
 path does. Its text refiner's calls (text rows only) keep ComfyUI's attention. Core does not pad the sequence:
 the packed varlen backends get it as one unpadded sequence.
 
-Passed to the original function untouched: cross-attention (k rows != q rows), masked
-calls, grouped-query calls (k / v with fewer heads), sequences that are not exactly the recorded
-video grid, and every call the plan keeps dense (warm-up steps, skip_layers, short videos) - so a
-dense call is bit-identical to the unpatched model.
+Declined, and answered as the MODEL would answer them without us: cross-attention (k rows != q rows), masked
+calls, grouped-query calls (k / v with fewer heads), sequences that are not exactly the recorded video grid, and
+every call the plan keeps dense (warm-up steps, skip_layers, short videos) - so a dense call is bit-identical to the
+unpatched model. "Without us" is the attention override that was on the MODEL before ours (core's Model Attention
+Backend, its Model Sparse Attention, another pack's), chained as core's own sparse attention chains, else ComfyUI's
+function, through the call's `preferred_attention` backend where it names one (core's int8 attention layers).
+Whatever else sits on the MODEL is said once in the log and in Backend Info: an override installed after ours (it
+decides first; core's sparse attention re-installs itself above every other each step) and blocks another patch
+replaces (their attention is that patch's).
+
+Core's MultiGPU CFG Split runs the MODEL's clones, which share one patch, on a thread per device at once: the
+per-forward state (the layout, the layer count) lives in that forward's own transformer_options, and the shared
+stats and log take a lock.
 
 ComfyUI 0.33 also passes `scale=` (honoured), `enable_gqa=` / `low_precision_attention=` and its
 own bookkeeping keywords (forwarded to the original untouched), and may call attention with
@@ -31,12 +40,14 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Callable
 
 import torch
 
 from ..attention.config import AttentionConfig
 from ..attention.dispatch import AttentionStats, attention, dense_reason, log_dense_once
 from ..attention.layout import AttnLayout
+from ..backends.log_once import log_once
 
 log = logging.getLogger("omnivideo")
 
@@ -101,15 +112,79 @@ def sampling_step(transformer_options: dict) -> int | None:
     return int(torch.argmin((schedule - current).abs()))
 
 
-class NativeAttentionPatch:
-    """The override and the wrapper for one patched MODEL (shared by its clones)."""
+MAX_NOTES = 32  # what Backend Info lists of other patches seen on patched models (distinct lines, the first ones)
+_notes: dict[tuple, str] = {}
 
-    def __init__(self, config: AttentionConfig):
+
+def note(key: tuple, message: str) -> None:
+    """Say once (log and Backend Info) what else decides about attention on a MODEL we patched."""
+    if log_once(("attention patch", *key), logging.INFO, "OmniVideo Patch Model Attention: %s", message):
+        if len(_notes) < MAX_NOTES:
+            _notes[key] = message
+
+
+def describe_notes() -> str:
+    """One line per note, for Backend Info."""
+    lines = [f"  - {message}" for message in _notes.values()]
+    return "attention patches:" + ("\n" + "\n".join(lines) if lines else " no other override or block patch seen")
+
+
+def override_name(override) -> str:
+    """Where an attention override comes from, for a user: its module and function, without core's '<locals>'."""
+    target = getattr(override, "__func__", override)
+    module = getattr(target, "__module__", None) or type(target).__module__
+    name = getattr(target, "__qualname__", type(target).__qualname__).replace(".<locals>", "")
+    return f"{module}.{name}"
+
+
+class NativeAttentionPatch:
+    """The override and the wrapper for one patched MODEL (shared by its clones). `previous`: the attention override
+    that was on the MODEL before ours; it answers the calls ours declines."""
+
+    def __init__(self, config: AttentionConfig, previous=None):
         self.config = config
         self.stats = AttentionStats()
+        owner = getattr(previous, "__self__", None)
+        if isinstance(owner, NativeAttentionPatch):  # patching a patched MODEL again replaces ours, not stacks it
+            previous = owner.previous
+        self.previous: Callable | None = previous
+        if previous is not None:
+            note(
+                ("below", override_name(previous)),
+                f"the calls it declines (cross-attention, dense steps and layers) go to the attention override "
+                f"installed before it: {override_name(previous)}",
+            )
 
     def __deepcopy__(self, memo):  # MODEL.clone() deep-copies model_options: keep one patch and its stats
         return self
+
+    def decline(self, original, args, kwargs):
+        """A call ours does not take, answered as without us: the override below ours, else ComfyUI's function (through
+        the call's preferred backend, as core's wrap_attn does)."""
+        if self.previous is not None:
+            return self.previous(original, *args, **kwargs)
+        preferred = kwargs.get("preferred_attention")
+        if getattr(preferred, "function", None) is not None:
+            return preferred.function(*args, **{k: v for k, v in kwargs.items() if k != "preferred_attention"})
+        return original(*args, **kwargs)
+
+    def _notice_others(self, opts: dict) -> None:
+        """What else sits on this forward's MODEL: an override above ours, blocks another patch replaces."""
+        current = opts.get("optimized_attention_override")
+        if current is not None and current != self.override:
+            note(
+                ("above", override_name(current)),
+                f"another attention override sits above it and decides first: {override_name(current)} (OmniVideo's "
+                "runs only for the calls that one passes on)",
+            )
+        for name, patches in (opts.get("patches_replace") or {}).items():
+            if isinstance(patches, dict) and patches:
+                kinds = sorted({str(key[0]) if isinstance(key, tuple) else str(key) for key in patches})
+                note(
+                    ("replaced", name, *kinds),
+                    f"{len(patches)} {'/'.join(kinds)} block(s) are replaced by another patch (patches_replace "
+                    f"{name!r}): their attention is that patch's, and reaches OmniVideo only if it calls ComfyUI's",
+                )
 
     # DIFFUSION_MODEL wrapper: wrapper(executor, x, timestep, ..., transformer_options, ...)
     def wrapper(self, executor, *args, **kwargs):
@@ -118,6 +193,7 @@ class NativeAttentionPatch:
             opts = next((a for a in args[1:] if isinstance(a, dict)), None)
         if opts is None:
             return executor(*args, **kwargs)
+        self._notice_others(opts)
         layout, rows = call_layout(getattr(executor, "class_obj", None), args, kwargs)
         opts[LAYOUT_KEY] = {"layout": layout, "rows": rows, "layer": 0}
         try:
@@ -138,7 +214,7 @@ class NativeAttentionPatch:
             or k.shape != q.shape
             or v.shape != q.shape
         ):
-            return original(*args, **kwargs)  # masked, cross- or grouped-query attention: not ours
+            return self.decline(original, args, kwargs)  # masked, cross- or grouped-query attention: not ours
         skip_reshape = bool(call.get("skip_reshape", False))
         if skip_reshape:  # [B, H, S, D]
             b, h, s, d = q.shape
@@ -152,8 +228,8 @@ class NativeAttentionPatch:
         if info is not None and info["rows"] is not None and s != info["rows"]:
             # MiniMax-H3's text refiner: text rows only, outside the packed sequence and its block count
             log_dense_once("text refiner", f"{s} rows, not the {info['rows']}-row packed sequence")
-            self.stats.dense_calls["text refiner"] += 1
-            return original(*args, **kwargs)
+            self.stats.count_dense("text refiner")
+            return self.decline(original, args, kwargs)
         layer = opts.get("block_index")
         if info is not None:
             layer = info["layer"] if layer is None else layer
@@ -163,8 +239,8 @@ class NativeAttentionPatch:
         why = dense_reason(self.config, q4, k4, layout, step, layer)
         if why is not None:
             log_dense_once(*why)
-            self.stats.dense_calls[why[0]] += 1
-            return original(*args, **kwargs)
+            self.stats.count_dense(why[0])
+            return self.decline(original, args, kwargs)
 
         scale = kwargs.get("scale")
         scale = d**-0.5 if scale is None else float(scale)

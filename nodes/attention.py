@@ -119,9 +119,10 @@ class OmniVideoPatchModelAttention(io.ComfyNode):
     def execute(cls, model, attention) -> io.NodeOutput:
         if compat.HAS_COMFY and not compat.attention_override_supported():
             log.warning("omnivideo: this ComfyUI has no optimized_attention_override hook; the model is unchanged")
-        patch = NativeAttentionPatch(attention)
         patched = model.clone()
         opts = patched.model_options.setdefault("transformer_options", {})
+        # an override already on the MODEL (core's Model Attention Backend, ...) answers the calls ours declines
+        patch = NativeAttentionPatch(attention, previous=opts.get("optimized_attention_override"))
         opts["optimized_attention_override"] = patch.override
         patched.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)  # re-patching replaces
         patched.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, patch.wrapper)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..backends import backend_report
 from ..compat import io
+from ..integration.attention_patch import describe_notes
 from ..parallel.pool import describe_pool
 
 
@@ -15,8 +16,8 @@ class OmniVideoBackendInfo(io.ComfyNode):
             display_name="OmniVideo Backend Info",
             category="OmniVideo/utils",
             description=(
-                "Platform, versions, which implementation each operation resolves to (and why) and the parallel "
-                "workers (OmniVideo Parallel) running."
+                "Platform, versions, which implementation each operation resolves to (and why), the parallel "
+                "workers (OmniVideo Parallel) running and the other attention patches seen on patched models."
             ),
             inputs=[],
             outputs=[io.String.Output(display_name="report")],
@@ -34,4 +35,4 @@ class OmniVideoBackendInfo(io.ComfyNode):
 
 
 def _report() -> str:
-    return f"{backend_report()}\n{describe_pool()}"
+    return f"{backend_report()}\n{describe_pool()}\n{describe_notes()}"

@@ -291,13 +291,24 @@ def describe_pool() -> str:
 
 
 def stop_pool() -> None:
-    """End the world (server exit; "Unload models" for local workers): local workers exit, an operator's ranks
-    wait for the next world. The next parallel run starts a new one."""
+    """End the world ("Unload models" for local workers): local workers are asked to exit, an operator's ranks wait
+    for the next world. The next parallel run starts a new one."""
     global _POOL
     with _LOCK:
         if _POOL is not None:
             _POOL.shutdown()
             _POOL = None
+
+
+def stop_at_exit() -> None:
+    """The server exits (Ctrl-C, a normal exit): the local workers are terminated at once, never asked. A message
+    would be a collective, which waits up to a whole OMNIVIDEO_DIST_TIMEOUT for a worker that is not listening, and
+    nothing of a worker needs to outlive this process. An operator's ranks see the world end and wait for the next.
+    The lock is not waited for: the execution thread may hold it for a whole pool start, and dies with the process."""
+    global _POOL
+    pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.shutdown(ask=False)
 
 
 def unload_models() -> None:
@@ -310,5 +321,5 @@ def unload_models() -> None:
         stop_pool()
 
 
-atexit.register(stop_pool)
+atexit.register(stop_at_exit)
 compat.on_unload_models(unload_models)

@@ -9,13 +9,15 @@ weights), a preallocated output buffer, one progress step per latent frame and f
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
 from .. import compat
 from ..backends import resolve
+from ..backends.log_once import log_once
 from ..kernels import registrations as _registrations  # noqa: F401  (the fusion levels resolve() picks from)
-from ..models.wan_vae.fused import fused_decode, wan_version
+from ..models.wan_vae.fused import fused_decode, unknown_shapes, wan_version
 
 # node choice -> registry implementation name
 FUSION_CHOICES = {"auto": "auto", "triton": "triton", "torch": "torch_fused", "off": "reference"}
@@ -46,11 +48,11 @@ def cancel_points(module: torch.nn.Module):
 
 def check_latent_tensor(z: torch.Tensor) -> None:
     """What any Wan decode needs of the latent itself (checked before any heavy work)."""
-    if not isinstance(z, torch.Tensor) or z.dim() != 5:
+    if not isinstance(z, torch.Tensor) or z.dim() not in (4, 5):
         shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
         raise ValueError(
-            f"OmniVideo Wan VAE Decode needs a video latent [B, C, T, H, W]; got {shape}. "
-            "Connect the LATENT of a Wan video sampler (image latents are 4-D)."
+            f"OmniVideo Wan VAE Decode needs a video latent [B, C, T, H, W] (or the 4-D latent of an image VAE built "
+            f"on Wan's classes); got {shape}. Connect the LATENT of a Wan video sampler."
         )
     if min(z.shape) < 1 or not z.is_floating_point():
         raise ValueError(f"The latent {tuple(z.shape)} ({z.dtype}) is empty or not floating point.")
@@ -95,12 +97,22 @@ def decode(comfy_vae, z: torch.Tensor, fusion: str = "auto") -> torch.Tensor:
     """Core VAE + raw Wan latent [B, C, T, h, w] -> IMAGE [B * frames, H, W, 3], exactly as core VAE Decode
     returns it (core's `vae.decode` plus VAEDecode's 5-D reshape)."""
     model = validate_latent(comfy_vae, z)
-    name, ops = select_fusion(fusion)
-    bar = compat.ProgressBar(z.shape[0] * z.shape[2])
-    # no_grad: ComfyUI's executor runs nodes in inference mode; a direct call gets the fast paths too
-    with torch.no_grad(), fused_decode(model, name, ops, on_frame=bar.update, check=compat.check_interrupt):
-        with cancel_points(model.get_submodule("decoder")):
-            images = comfy_vae.decode(z)
+    problem = unknown_shapes(model, z.dim())
+    if problem is not None:  # a VAE newer core builds on Wan's classes (Qwen-Image 2.1, ...): core's own decode
+        log_once(
+            ("wan decode: core's", problem),
+            logging.INFO,
+            "OmniVideo Wan VAE Decode: core's decode runs unchanged, without fast paths: this VAE has %s",
+            problem,
+        )
+        images = comfy_vae.decode(z)
+    else:
+        name, ops = select_fusion(fusion)
+        bar = compat.ProgressBar(z.shape[0] * z.shape[2])
+        # no_grad: ComfyUI's executor runs nodes in inference mode; a direct call gets the fast paths too
+        with torch.no_grad(), fused_decode(model, name, ops, on_frame=bar.update, check=compat.check_interrupt):
+            with cancel_points(model.get_submodule("decoder")):
+                images = comfy_vae.decode(z)
     if images.dim() == 5:  # core VAEDecode: combine batches
         images = images.reshape(-1, images.shape[-3], images.shape[-2], images.shape[-1])
     return images

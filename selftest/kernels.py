@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -41,7 +42,7 @@ def run_checks(platform_name: str, inject: set[str], timeout: float = 1800) -> l
     module = f"{__package__}.kernels"  # omnivideo.selftest.kernels, or custom_nodes.<pack>.selftest.kernels
     cmd = [sys.executable, "-m", module, *(f"--inject-failure={k}" for k in sorted(inject))]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=package_home(), env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return [Row(key="kernel:checks", status=FAIL, result=f"the kernel checks did not finish in {timeout:g} s")]
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)), None)
@@ -49,6 +50,15 @@ def run_checks(platform_name: str, inject: set[str], timeout: float = 1800) -> l
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         return [Row(key="kernel:checks", status=FAIL, result=f"the kernel checks crashed: {tail[0][:300]}")]
     return [Row(**fields) for fields in json.loads(line[len(RESULT_PREFIX) :])]
+
+
+def package_home() -> Path:
+    """The folder that holds this pack's top-level package (ComfyUI's folder for `custom_nodes.<pack>`, the parent of
+    the checkout or site-packages for `omnivideo`): a child started there with `-m` imports the pack as the parent
+    does, and never finds the pack's own folders (`kernels`, `nodes`, ...) as top-level modules, which the pack's
+    root as its working directory would put first on sys.path."""
+    top = sys.modules[__package__.split(".")[0]]
+    return Path(next(iter(top.__path__))).parent
 
 
 def main(argv: list[str] | None = None) -> int:

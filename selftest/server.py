@@ -309,7 +309,7 @@ def probe_video(python: str, path: Path) -> dict:
         "print(json.dumps({'frames': f, 'w': v.width, 'h': v.height, 'fps': float(v.average_rate), "
         "'audio': len(a), 'rate': a[0].rate if a else 0, 'channels': a[0].channels if a else 0}))"
     )
-    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([python, "-c", code, str(path)], cwd=path.parent, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         _fail(f"PyAV could not read {path}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)

@@ -58,7 +58,7 @@ def write_video(python: str, path: Path, frames: int, width: int, height: int) -
         "    [c.mux(p) for p in s.encode(av.VideoFrame.from_ndarray(img, format='rgb24'))]\n"
         "[c.mux(p) for p in s.encode()]; c.close()"
     )
-    out = subprocess.run([python, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([python, "-c", code, str(path)], cwd=path.parent, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise RuntimeError(f"could not write {path}: {out.stderr[-2000:]}")
 

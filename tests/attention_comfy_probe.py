@@ -25,6 +25,7 @@ import comfy.sd  # noqa: E402
 
 from omnivideo.attention.config import AttentionConfig  # noqa: E402
 from omnivideo.nodes.attention import OmniVideoPatchModelAttention  # noqa: E402
+from omnivideo.nodes.backend_info import OmniVideoBackendInfo  # noqa: E402
 
 
 def tiny_wan_state_dict():
@@ -73,6 +74,48 @@ def boxed_calls(patched) -> dict | None:
     return result
 
 
+def stacked(base, latent, cond, config, alone):
+    """A stand-in for another attention override (another pack's; core's Model Attention Backend has the same shape)
+    below ours (installed first: it must answer the calls ours declines) and above ours (installed after, chaining
+    down as core's Model Sparse Attention does: Backend Info must say it decides first)."""
+    counts = {"below": 0, "above": 0}
+
+    def below(func, *args, **kwargs):
+        counts["below"] += 1
+        return func(*args, **kwargs)
+
+    first = base.clone()
+    first.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = below
+    patched = OmniVideoPatchModelAttention.execute(first, config).args[0]
+    got = sample(patched, latent, cond, cond)
+    stats = patched.model_options["transformer_options"]["optimized_attention_override"].__self__.stats
+    out = {
+        "below": {
+            "calls": counts["below"],
+            "declined": sum(stats.dense_calls.values()),
+            "sparse_calls": stats.sparse_calls,
+            "max_abs_diff_vs_ours_alone": float((got - alone).abs().max()),
+        }
+    }
+    patched = OmniVideoPatchModelAttention.execute(base, config).args[0]
+    ours = patched.model_options["transformer_options"]["optimized_attention_override"]
+
+    def above(func, *args, **kwargs):
+        counts["above"] += 1
+        return ours(func, *args, **kwargs)
+
+    on_top = patched.clone()
+    on_top.model_options["transformer_options"]["optimized_attention_override"] = above
+    got = sample(on_top, latent, cond, cond)
+    out["above"] = {
+        "calls": counts["above"],
+        "sparse_calls": ours.__self__.stats.sparse_calls,
+        "max_abs_diff_vs_ours_alone": float((got - alone).abs().max()),
+        "backend_info": OmniVideoBackendInfo.execute().args[0],
+    }
+    return out
+
+
 def main():
     base = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict())
     g = torch.Generator().manual_seed(2)
@@ -97,6 +140,8 @@ def main():
             "impls": dict(stats.impls),
             "realized": stats.realized_sparsity,
         }
+    gated_alone = sample(OmniVideoPatchModelAttention.execute(base, runs["gated"]).args[0], latent, cond, cond)
+    out["stacked"] = stacked(base, latent, cond, runs["gated"], gated_alone)
     out["boxed"] = boxed_calls(OmniVideoPatchModelAttention.execute(base, runs["0.8"]).args[0])
     # the base model is untouched by patching (clone)
     out["base_untouched"] = "optimized_attention_override" not in base.model_options.get("transformer_options", {})

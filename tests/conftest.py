@@ -84,6 +84,26 @@ def comfyui_path() -> Path:
     return path
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _RootIsNotAPackage:
+    """pytest collects a folder holding an __init__.py as a Package, and imports that __init__.py (for a setup_module)
+    under the folder's name with the folder above it put on sys.path. The repository root is the pack itself, so that
+    made a second copy of the pack (`main.*` beside `omnivideo.*`, support/import_isolation.py catches it) and its
+    parent folder importable: collected as a plain folder instead (a plugin, so it applies above this conftest)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collect_directory(self, path, parent):
+        if path == REPO:
+            return pytest.Dir.from_parent(parent, path=path)
+        return None
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_RootIsNotAPackage(), "omnivideo-root-is-not-a-package")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Every test that needs a real ComfyUI (its fixture closure holds `comfyui_path`: the server, the probes, the

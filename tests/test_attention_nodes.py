@@ -295,6 +295,19 @@ def test_patch_node_with_a_tiny_native_comfyui_wan_model(comfyui_path):
     assert sparse["sparse_calls"] == 4 and sparse["realized"] > 0.1
     assert sparse["max_abs_diff"] > 1e-5 * sparse["ref_scale"]  # sparsity 0.8: runs and differs
     assert gated["dense_calls"] == {"warm-up": 1, "skip_layers": 2} and gated["sparse_calls"] == 1
+    below, above = result["stacked"]["below"], result["stacked"]["above"]
+    # one installed after ours sees every call first (4 self-attention calls in 2 layers x 2 steps, and the
+    # cross-attention calls) and chains down; Backend Info names it
+    assert above["calls"] >= 4 and above["sparse_calls"] == 1, above
+    assert above["max_abs_diff_vs_ours_alone"] <= 1e-6, above
+    # one installed first answers every call ours declines (the 3 dense self-attention calls and the same
+    # cross-attention calls), none that ours takes
+    assert below["declined"] == 3 and below["sparse_calls"] == 1, below
+    assert below["calls"] - below["declined"] == above["calls"] - 4, (below, above)
+    assert below["max_abs_diff_vs_ours_alone"] <= 1e-6, below
+    assert above["max_abs_diff_vs_ours_alone"] <= 1e-6, above
+    assert "sits above it and decides first: __main__.stacked.above" in above["backend_info"], above["backend_info"]
+    assert "installed before it: __main__.stacked.below" in above["backend_info"], above["backend_info"]
 
 
 @pytest.mark.integration

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.children import CHILD_CWD
 from support.omnidreams_tiny import MID, TINY_4_HEADS, stored_state_dict
 
 from omnivideo import compat
@@ -188,6 +189,7 @@ def test_workers_started_by_torchrun_join_rank_0_and_outlive_its_worlds(tmp_path
     torchrun = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port())]
         + [str(entry)],
+        cwd=CHILD_CWD,
         env={**os.environ, **env, "OMNIVIDEO_WORKER": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

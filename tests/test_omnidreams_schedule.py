@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.children import CHILD_CWD
 from support.omnidreams_tiny import write_tiny_cosmos_reason1
 
 from omnivideo.models.handles import OmniDreamsConditioning
@@ -124,7 +125,12 @@ def _peak(folder: str, schedule: str) -> dict:
     # unmaps it when freed, so the high-water mark counts the memory that was live together
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, folder, schedule], capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, "-c", CHILD, folder, schedule],
+        cwd=CHILD_CWD,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, f"the child failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from support.children import CHILD_CWD
 
 START_POOL = """
 import sys, time
@@ -41,6 +42,7 @@ def _state(pid: int) -> str:
 def test_workers_end_with_rank_0(how):
     proc = subprocess.Popen(
         [sys.executable, "-c", START_POOL, "exit" if how == "exit" else "wait"],
+        cwd=CHILD_CWD,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -76,7 +78,7 @@ def test_a_pool_listens_on_loopback_only_and_strangers_get_nothing():
     from support.listening import answering_strangers, is_loopback, listening
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", PROBED_POOL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PROBED_POOL], cwd=CHILD_CWD, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]

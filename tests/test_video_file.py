@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.children import CHILD_CWD
 
 av = pytest.importorskip("av", reason="PyAV (the test extra, a ComfyUI requirement) writes and reads the mp4 files")
 
@@ -234,14 +235,18 @@ def test_the_file_opens_as_comfyuis_video(comfy_folders, comfyui_path):
     script = (
         "import json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from comfy_api.input_impl import VideoFromFile\n"
-        "c = VideoFromFile(sys.argv[2]).get_components()\n"
+        "from comfy_api.latest import InputImpl\n"
+        "c = InputImpl.VideoFromFile(sys.argv[2]).get_components()\n"
         "print('PROBE_RESULT ' + json.dumps({'shape': list(c.images.shape), 'rate': str(c.frame_rate), "
         "'images': c.images.flatten().tolist()}))\n"
     )
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     proc = subprocess.run(
-        [python, "-c", script, str(comfyui_path), writer.path], capture_output=True, text=True, timeout=300
+        [python, "-c", script, str(comfyui_path), writer.path],
+        cwd=CHILD_CWD,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out, err = proc.stdout[-2000:], proc.stderr[-3000:]
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE_RESULT ")), None)
@@ -374,6 +379,7 @@ def test_a_killed_process_leaves_a_file_with_every_finished_chunk(comfy_folders,
     torch.save(chunks, tmp_path / "chunks.pt")
     child = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, str(comfy_folders.output), str(tmp_path / "chunks.pt")],
+        cwd=CHILD_CWD,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -99,3 +99,13 @@ def test_full_size_wan21_bit_identical_to_core(probe):
     for key in ("fp32", "fp32/triton", "bf16"):
         _check_levels(result[key], "2.1")
     assert result["fp32"]["shape"] == [9, 64, 64, 3]
+
+
+def test_wan_class_vaes_of_other_shapes_get_cores_decode_unchanged(probe):
+    """VAEs on core's Wan classes whose shapes the fast path does not know (a spatial patch of 1, a one-tap temporal
+    conv, on 0.33 a 6-channel head): core's decode, bit for bit, at every fusion level, no fused op called."""
+    result = probe("unknown")
+    assert len(result) >= 6, result  # two cases (three on 0.33) x three fusion levels
+    for case, got in result.items():
+        assert got["equal"], f"{case}: {got}"
+        assert got.get("fused_calls", 0) == 0, f"{case}: the fast path ran ({got})"

@@ -38,7 +38,7 @@ def _wan(version="2.1", z_dim=16):
     [
         ((1, 48, 2, 4, 4), "48 channels but this Wan 2.1 VAE decodes 16-channel latents.*wan2.2_vae"),
         ((1, 5, 2, 4, 4), "5 channels but this Wan 2.1 VAE decodes 16-channel latents.$"),
-        ((1, 16, 4, 4), r"needs a video latent \[B, C, T, H, W\]"),
+        ((16, 4, 4), r"needs a video latent \[B, C, T, H, W\]"),
         ((1, 16, 0, 4, 4), "empty"),
     ],
 )
@@ -67,6 +67,29 @@ def test_node_rejects_other_vaes():
     lookalike = NoDecode(_comfy_class("WanVAE", "someone_else.wan")())  # same class name, not ComfyUI's
     with pytest.raises(ValueError, match="needs a Wan 2.1 or 2.2 VAE"):
         Decode.execute(vae=lookalike, samples={"samples": torch.zeros(1, 16, 2, 4, 4)}, fusion="auto")
+
+
+class CoreDecode(NoDecode):
+    """A core VAE object stand-in whose decode is core's (records the latent, returns 5-D pixels as core does)."""
+
+    def decode(self, z):
+        self.decoded = z
+        return torch.arange(2 * 3 * 4 * 5 * 3, dtype=torch.float32).view(2, 3, 4, 5, 3)
+
+
+def test_a_wan_class_vae_of_other_shapes_gets_cores_decode_unchanged(caplog):
+    """Newer core builds its Wan classes for other VAEs too (Qwen-Image 2.1: a 64-channel 4-D latent, spatial patch
+    1): the fast path is not taken, core's decode runs, and one log line says why."""
+    vae = CoreDecode(_wan("2.2", 64).first_stage_model)  # a stand-in without a Wan decoder inside
+    z = torch.randn(1, 64, 8, 8)
+    with caplog.at_level("INFO", logger="omnivideo"):
+        images = Decode.execute(vae=vae, samples={"samples": z}, fusion="triton").args[0]
+    assert vae.decoded is z
+    assert torch.equal(images, torch.arange(360, dtype=torch.float32).view(6, 4, 5, 3))  # VAEDecode's reshape
+    assert "core's decode runs unchanged" in caplog.text and "4-D latent" in caplog.text, caplog.text
+    vae.first_stage_model.patch_size = 1  # a video latent, but a module the fast path does not know
+    images = Decode.execute(vae=vae, samples={"samples": torch.randn(1, 64, 2, 8, 8)}, fusion="torch").args[0]
+    assert vae.decoded.shape == (1, 64, 2, 8, 8) and images.shape == (6, 4, 5, 3)
 
 
 def test_wan_version_by_module():

@@ -4,12 +4,14 @@ VAEs, built by comfy.sd.VAE from random state dicts with the original key names,
 
     python tests/wan_vae_comfy_probe.py tiny     # tiny 2.1 / 2.2, fp32 / bf16, off / torch / triton + structure
     python tests/wan_vae_comfy_probe.py full21   # the full-size Wan 2.1 VAE at a small latent
+    python tests/wan_vae_comfy_probe.py unknown  # Wan-class VAEs of other shapes: core's decode, unchanged
 
 Triton runs under its CPU interpreter (TRITON_INTERPRET=1, set here before any kernel import) when there is no
 GPU. Not a test module itself (no test_ prefix).
 """
 
 import gc
+import inspect
 import itertools
 import json
 import os
@@ -208,7 +210,53 @@ def full21() -> dict:
     return out
 
 
+def unknown() -> dict:
+    """VAEs built on core's Wan classes with shapes the fast path does not know (newer core builds Qwen-Image 2.1's
+    VAE on vae2_2.WanVAE with spatial patch 1 and temporal kernel 1): OmniVideo Wan VAE Decode must run core's decode
+    unchanged at every fusion level (no fused op call) and give core VAE Decode's pixels bit for bit."""
+    cases = {}
+    patch1 = comfy_vae("2.2", TINY["2.2"], torch.float32)
+    patch1.first_stage_model.patch_size = 1  # the attribute newer core's WanVAE(patch_size=1) carries
+    cases["2.2 patch_size 1"] = (patch1, latent(TINY["2.2"]["z_dim"], 2, 2))
+    one_tap = comfy_vae("2.1", TINY["2.1"], torch.float32)
+    conv = one_tap.first_stage_model.decoder.conv1
+    replaced = wan21.CausalConv3d(conv.in_channels, conv.out_channels, (1, 3, 3), padding=(0, 1, 1))
+    with torch.no_grad():
+        replaced.weight.copy_(conv.weight[:, :, -1:])
+        replaced.bias.copy_(conv.bias)
+    one_tap.first_stage_model.decoder.conv1 = replaced  # a decoder whose first conv has one temporal tap
+    cases["2.1 temporal kernel 1"] = (one_tap, latent(TINY["2.1"]["z_dim"], 3, 4))
+    if "conv_out_channels" in inspect.signature(wan21.WanVAE).parameters:  # 0.33's class allows other heads
+        cfg = {**TINY["2.1"], "conv_out_channels": 6}
+        cases["2.1 conv_out_channels 6"] = (comfy_vae("2.1", cfg, torch.float32), latent(TINY["2.1"]["z_dim"], 2, 4))
+    out = {}
+    for name, (vae, z) in cases.items():
+        try:
+            core = core_decode(vae, z)
+        except Exception as exc:  # core itself cannot decode it: ours must fail the same way
+            core = exc
+        for fusion in ("auto", "torch", "off"):
+            before = COUNT.snapshot()
+            try:
+                got = ours(vae, z, fusion)
+            except Exception as exc:
+                got = exc
+            fused_calls = sum(COUNT.snapshot().values()) - sum(before.values())
+            if isinstance(core, Exception) or isinstance(got, Exception):
+                same = type(core) is type(got) and str(core) == str(got)
+                out[f"{name}/{fusion}"] = {"equal": same, "core": repr(core)[:300], "ours": repr(got)[:300]}
+                continue
+            out[f"{name}/{fusion}"] = {
+                "equal": bool(got.shape == core.shape and torch.equal(got, core)),
+                "core_shape": list(core.shape),
+                "shape": list(got.shape),
+                "max_abs_diff": (got - core).abs().max().item() if got.shape == core.shape else None,
+                "fused_calls": fused_calls,
+            }
+    return out
+
+
 if __name__ == "__main__":
     group = sys.argv[1]
     with torch.inference_mode():  # as ComfyUI's executor runs every node (execution.py)
-        print("PROBE_RESULT " + json.dumps({"tiny": tiny, "full21": full21}[group]()))
+        print("PROBE_RESULT " + json.dumps({"tiny": tiny, "full21": full21, "unknown": unknown}[group]()))

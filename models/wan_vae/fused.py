@@ -70,6 +70,30 @@ def wan_version(model: object) -> str | None:
     return "2.2" if type(model).__module__ == COMFY_WAN22 else "2.1"
 
 
+def unknown_shapes(model: nn.Module, latent_dims: int) -> str | None:
+    """Why the decode loop here (and the stream's, stream.py) does not know this WanVAE and its latent, None when it
+    does. Newer ComfyUI builds its Wan classes for other VAEs too (Qwen-Image 2.1: spatial patch 1, temporal kernel
+    1, 4-D latents), so the class name alone is not enough: the loop knows video latents [B, C, T, H, W], a decoder
+    whose causal convs have Wan's 3 temporal taps (CACHE_T, the frame grouping), and RGB pixels out of 2.1's head /
+    2x2 patches out of 2.2's. Anything else runs core's decode unchanged (pipelines/wan_decode)."""
+    if latent_dims != 5:
+        return f"a {latent_dims}-D latent (the fast path decodes video latents [B, C, T, H, W])"
+    patch = 2 if wan_version(model) == "2.2" else 1
+    try:
+        decoder: Any = model.get_submodule("decoder")
+        taps, out_channels = decoder.conv1.kernel_size[0], decoder.head[-1].out_channels
+        model.get_submodule("conv2")
+    except (AttributeError, IndexError, TypeError) as exc:
+        return f"its modules are not laid out as Wan 2.1 / 2.2's ({type(exc).__name__}: {exc})"
+    if getattr(model, "patch_size", patch) != patch:
+        return f"spatial patch {model.patch_size} (Wan {wan_version(model)}'s is {patch})"
+    if taps != 3:
+        return f"temporal kernel {taps} (Wan's causal convs have 3 taps)"
+    if out_channels != 3 * patch * patch:
+        return f"{out_channels} output channels (Wan {wan_version(model)}'s head gives {3 * patch * patch})"
+    return None
+
+
 # ----------------------------------------------------------------------------- fused call sites
 
 
@@ -398,6 +422,8 @@ def fused_decode(
         raise ValueError(f"fusion {fusion!r} needs its ops module")
     if wan_version(model) is None:
         raise TypeError(f"not ComfyUI's Wan VAE: {type(model).__module__}.{type(model).__qualname__}")
+    if (problem := unknown_shapes(model, 5)) is not None:
+        raise TypeError(f"the fused decode does not know this Wan VAE: {problem}")
     decode = lambda self, z, output_buffer=None: _decode(self, z, output_buffer, on_frame)
     patches: list[tuple[object, dict]] = [
         (

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .fused import comfy_class, pieces_layout, wan_version
+from .fused import comfy_class, pieces_layout, unknown_shapes, wan_version
 
 REP = "Rep"  # what ComfyUI's Resample stores in a cache slot before its first real frame
 CACHE_T = 2  # frames a causal conv's cache slot keeps (ComfyUI's CACHE_T)
@@ -72,6 +72,8 @@ class _Stream:
             raise TypeError(
                 f"streaming needs ComfyUI's Wan 2.1 VAE, got {type(model).__module__}.{type(model).__name__}"
             )
+        if (problem := unknown_shapes(model, 5)) is not None:
+            raise TypeError(f"streaming needs the Wan 2.1 VAE (wan_2.1_vae.safetensors); this one has {problem}")
         self.model: Any = model  # ComfyUI's WanVAE: encoder / decoder / conv1 / conv2
         self.pieces = pieces_layout(model.get_submodule("decoder"))
         # one slot per causal conv of the decoder (the 2025 ComfyUI sizes the encoder's cache so too), and for the

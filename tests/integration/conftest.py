@@ -88,7 +88,28 @@ PROBE_PACK = textwrap.dedent('''
             return {"ui": {"opened": list(OPENED), "loaded_models": loaded}}
 
 
-    NODE_CLASS_MAPPINGS = {"OmniVideoTestSink": OmniVideoTestSink}
+    class OmniVideoTestImports:
+        """Test-only: how this server sees the pack (support/import_isolation.py, loaded by its path)."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "report"
+        OUTPUT_NODE = True
+        CATEGORY = "_for_testing"
+
+        def report(self):
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("omnivideo_test_import_isolation", ISOLATION)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return {"ui": {"imports": [module.isolation_report(PACK)]}}
+
+
+    NODE_CLASS_MAPPINGS = {"OmniVideoTestSink": OmniVideoTestSink, "OmniVideoTestImports": OmniVideoTestImports}
 ''')
 
 
@@ -97,7 +118,8 @@ def running_comfyui(root: Path, comfy_path: str, *, with_vae: bool = True):
     """A headless ComfyUI (CPU) with this pack, the shared helper pack and the test probe pack, its folders under
     `root`; stopped on exit. with_vae: write the random Wan 2.1 VAE file while it starts (the session server's)."""
     vae = (lambda: write_random_wan21_vae(Path(root) / "models" / "vae" / VAE_FILE)) if with_vae else None
-    probe = {"omnivideo_test_probe": f"OUTSIDE_MARKER = {OUTSIDE_MARKER!r}\n" + PROBE_PACK}
+    where = f"PACK = {str(REPO)!r}\nISOLATION = {str(REPO / 'tests' / 'support' / 'import_isolation.py')!r}\n"
+    probe = {"omnivideo_test_probe": f"OUTSIDE_MARKER = {OUTSIDE_MARKER!r}\n{where}" + PROBE_PACK}
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     with _running_comfyui(root, comfy_path, python=python, helper_packs=probe, while_starting=vae) as server:
         server.vae_info, server.vae_error = server.prepared, server.prepare_error  # type: ignore[attr-defined]

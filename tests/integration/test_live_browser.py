@@ -25,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
 
+from support.children import CHILD_CWD  # noqa: E402
 from support.omnidreams_tiny import TEXT_HIDDEN, TEXT_LAYERS, TINY, stored_state_dict  # noqa: E402
 from test_frontend_browser import _settle, frontend_page  # noqa: E402  (Debian's chromium; skips without one)
 
@@ -172,7 +173,9 @@ def _decoded(python: str, path: Path):
         "import av, numpy as np, sys\n"
         "np.save(sys.argv[1], np.stack([f.to_ndarray(format='rgb24') for f in av.open(sys.argv[2]).decode(video=0)]))"
     )
-    run = subprocess.run([python, "-c", code, str(out), str(path)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [python, "-c", code, str(out), str(path)], cwd=CHILD_CWD, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, f"PyAV could not decode {path}: {run.stderr[-2000:]}"
     try:
         return np.load(out)

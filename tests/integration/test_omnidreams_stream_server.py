@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tiny-model builders shared with the unit tests
 
+from support.children import CHILD_CWD  # noqa: E402
 from support.omnidreams_tiny import TINY, stored_state_dict  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -118,7 +119,9 @@ def frames_of(python: str, *paths: Path):
     import numpy as np
 
     out = Path(paths[0]).with_suffix(f".{uuid.uuid4().hex}.npy")
-    run = subprocess.run([python, "-c", code, str(out), *map(str, paths)], capture_output=True, text=True)
+    run = subprocess.run(
+        [python, "-c", code, str(out), *map(str, paths)], cwd=CHILD_CWD, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     return np.load(out).astype(np.float32)
 

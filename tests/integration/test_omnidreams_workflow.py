@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.children import CHILD_CWD
 
 # the small-size recipe and the tiny files are the pack's, shared with `python -m omnivideo.selftest`
 from omnivideo.selftest.workflows import OD_CKPT as CKPT
@@ -115,7 +116,9 @@ def test_comfy_cli_validates_the_shipped_workflows_once_their_files_are_present(
             "--port",
             port,
         ]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+        return subprocess.run(
+            cmd, cwd=CHILD_CWD, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"}
+        )
 
     graph = json.loads((REPO / "workflows" / "api" / "omnidreams_i2v_hdmap.api.json").read_text("utf-8"))
     shipped = {n["class_type"]: n["inputs"] for n in graph.values()}

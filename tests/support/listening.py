@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .children import CHILD_CWD
+
 LISTEN = "0A"
 
 
@@ -73,6 +75,7 @@ def answering_strangers(ports: list[int], wait_s: float = 4.0) -> list[int]:
     env = {**os.environ, "WAIT_S": str(wait_s)}
     child = subprocess.run(
         [sys.executable, "-c", STORE_CLIENT, *map(str, ports)],
+        cwd=CHILD_CWD,
         env=env,
         capture_output=True,
         text=True,
