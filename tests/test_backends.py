@@ -9,6 +9,7 @@ import torch
 from omnivideo import compat
 from omnivideo.backends import Platform, backend_report, detect, implementations, platform, resolve
 from omnivideo.backends.registry import clear_cache
+from omnivideo.integration.attention_patch import describe_notes
 from omnivideo.nodes.backend_info import OmniVideoBackendInfo
 
 CPU = Platform("cpu", torch.device("cpu"), "test")
@@ -131,4 +132,6 @@ def test_report_and_node(monkeypatch, NPU, fake_mindiesd):
     assert "torch " + torch.__version__ in text and "diffusers" in text
     assert "torch.distributed backend cpu:gloo,npu:hccl" in text  # OmniVideo Parallel on Ascend
     out = OmniVideoBackendInfo.execute()
-    assert out.args[0] == f"{backend_report()}\nparallel: no workers running" and out.args[0].startswith("platform: ")
+    expected = [backend_report(), "parallel: no workers running", describe_notes()]
+    assert out.args[0] == "\n".join(expected) and out.args[0].startswith("platform: ")
+    assert "\nattention patches:" in out.args[0]
