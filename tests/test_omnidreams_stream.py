@@ -20,9 +20,16 @@ def probe(comfyui_path):
 CASES = ["tiny/float32", "tiny/bfloat16", "slim/float32", "slim/bfloat16", "full/float32", "full/bfloat16"]
 
 
+def result(probe, case: str) -> dict:
+    r = probe[case]
+    if "skipped" in r:  # full-size bf16 on a CPU without bf16 kernels (the probe says why)
+        pytest.skip(r["skipped"])
+    return r
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_chunked_decode_equals_the_whole_decode(probe, case):
-    r = probe[case]
+    r = result(probe, case)
     decodes = {k: v for k, v in r.items() if k.startswith("decode/")}
     assert decodes and all(decodes.values()), decodes  # every fusion level, and across a saved state
     assert r["frames"] == 1 + 4 * (r["frames"] // 4)  # 1 + 4 (T - 1) pixel frames
@@ -30,7 +37,8 @@ def test_chunked_decode_equals_the_whole_decode(probe, case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_chunked_encode_equals_the_whole_encode(probe, case):
-    assert probe[case]["encode"] and probe[case]["encode/resumed"], probe[case]
+    r = result(probe, case)
+    assert r["encode"] and r["encode/resumed"], r
 
 
 def test_hdmap_frames_follow_the_vae_grid():
