@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import secrets
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,10 @@ import urllib.request
 import zlib
 from pathlib import Path
 
+from omnivideo.pipelines.omnidreams.events import KEY_HEADER, key_hash_of
+
 ROOT = Path(__file__).resolve().parents[1]
+KEY = secrets.token_urlsafe(32)  # the sessions' key, as the panel makes one (only its SHA-256 names the session)
 VAE = dict(dim=8, z_dim=16)  # a small Wan 2.1 VAE (16 latent channels, as OmniDreams needs)
 
 # The viewer: a websocket client in its own process (as a browser is), subscribed to /frames; it keeps each frame's
@@ -49,7 +53,8 @@ import aiohttp
 
 async def main(url):
     rows = []
-    async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0) as ws:
+    headers = {sys.argv[2]: sys.argv[3]}  # the session's key (KEY_HEADER)
+    async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0, headers=headers) as ws:
         print("CONNECTED", flush=True)
         async for msg in ws:
             if msg.type == aiohttp.WSMsgType.BINARY:
@@ -95,14 +100,14 @@ class Server:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(
-            self.url(path), json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
-        )
+        headers = {"Content-Type": "application/json", KEY_HEADER: KEY}
+        request = urllib.request.Request(self.url(path), json.dumps(body).encode(), headers, method="POST")
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
     def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url(path), timeout=30) as response:
+        request = urllib.request.Request(self.url(path), headers={KEY_HEADER: KEY})
+        with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
     def close(self) -> None:
@@ -195,12 +200,21 @@ class Bench:
         if live:
             hub = TimedHub()
             session = LiveSession(
-                chunks=chunks, max_chunks=chunks, idle_timeout=600, prompts=True, viewers=lambda: hub.viewers
+                chunks=chunks,
+                max_chunks=chunks,
+                idle_timeout=600,
+                prompts=True,
+                key_hash=key_hash_of(KEY),
+                viewers=lambda: hub.viewers,
             )
             live_routes.open_session(session, hub, 30, self.width, self.height)
-            ws_url = self.server.url(f"/omnivideo/live/{session.token}/frames").replace("http", "ws", 1)
+            ws_url = self.server.url(f"/omnivideo/live/{session.session_id}/frames").replace("http", "ws", 1)
             client = subprocess.Popen(
-                [sys.executable, "-c", CLIENT, ws_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                [sys.executable, "-c", CLIENT, ws_url, KEY_HEADER, KEY],
+                cwd=tempfile.gettempdir(),  # not the checkout: its folders would shadow installed packages
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             deadline = time.monotonic() + 60
             while hub.viewers < 1:  # subscribed before the first chunk, as the panel is
@@ -241,7 +255,7 @@ class Bench:
             finally:
                 if session is not None:
                     session.end(session.reason or "finished")
-                    live_routes.close_session(session.token)
+                    live_routes.close_session(session.session_id)
             total = time.perf_counter() - t0
             if worker is not None:
                 worker.join(60)
@@ -258,7 +272,7 @@ class Bench:
                 sys.exit(f"the websocket client failed: {stderr[-2000:]}")
             out["client"] = json.loads(line[7:])
             out["jpeg_ready"] = jpeg_ready
-            out["status"] = self.server.get(f"/omnivideo/live/{session.token}")
+            out["status"] = self.server.get(f"/omnivideo/live/{session.session_id}")
         return out
 
 
@@ -328,7 +342,7 @@ def control_latency(bench: Bench, chunks: int, reps: int, plain: dict, chunk_s: 
             posted["chunk"] = session.chunk  # the chunk in progress (or just written) when it arrives
             posted["time"] = time.time()
             posted["answer"] = bench.server.post(
-                f"/omnivideo/live/{session.token}/events", {"type": "prompt", "text": f"a new prompt {rep}"}
+                f"/omnivideo/live/{session.session_id}/events", {"type": "prompt", "text": f"a new prompt {rep}"}
             )
             posted["answered"] = time.time()
             event_id = posted["answer"]["id"]
@@ -338,7 +352,7 @@ def control_latency(bench: Bench, chunks: int, reps: int, plain: dict, chunk_s: 
                 time.sleep(0.002)
             # the chunk it applied at runs now: stop after it (its frames are the ones measured)
             with contextlib.suppress(urllib.error.HTTPError):  # 409: it ended meanwhile
-                bench.server.post(f"/omnivideo/live/{session.token}/events", {"type": "stop"})
+                bench.server.post(f"/omnivideo/live/{session.session_id}/events", {"type": "stop"})
 
         run = bench.run(chunks, live=True, during=during)
         event = next(e for e in run["status"]["events"] if e["id"] == posted["answer"]["id"])

@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,6 +19,7 @@ import torch
 JPEG_QUALITY = 90
 RING_FRAMES = 64  # frames a viewer that falls behind can still catch up on: 8 chunks
 MAX_PENDING_CHUNKS = 4  # chunks waiting for their JPEGs before the execution thread waits for the encoder
+ALIVE_CHECK_S = 0.5  # how often a waiting viewer's connection is looked at
 HEADER = struct.Struct(">IId")  # frame index, chunk index, the server's time.time() when the frame was decoded
 
 
@@ -90,9 +91,10 @@ class FrameHub:
         finally:
             self.viewers -= 1
 
-    async def follow(self) -> AsyncIterator[Frame]:
-        """The frames from now on (and those still in the ring), as they are ready, until the session ends. A viewer
-        that falls more than the ring behind skips ahead."""
+    async def follow(self, alive: Callable[[], bool] | None = None) -> AsyncIterator[Frame]:
+        """The frames from now on (and those still in the ring), as they are ready, until the session ends (or
+        `alive()`, asked every ALIVE_CHECK_S while it waits, says the viewer has gone). A viewer that falls more than
+        the ring behind skips ahead."""
         waker = (asyncio.get_running_loop(), asyncio.Event())
         with self._lock:
             self._wakers.add(waker)
@@ -108,7 +110,13 @@ class FrameHub:
                 if self.closed and not new:
                     return
                 if not new:
-                    await waker[1].wait()
+                    if alive is None:
+                        await waker[1].wait()
+                        continue
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(waker[1].wait(), ALIVE_CHECK_S)
+                    if not alive():
+                        return
         finally:
             with self._lock:
                 self._wakers.discard(waker)

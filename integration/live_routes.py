@@ -1,23 +1,39 @@
 """The HTTP side of OmniDreams Live on ComfyUI's own server (aiohttp): a session's status, its control events, pushed
-HD-map frames, its frames over a websocket and as MJPEG. A session is found only by its unguessable token (the node
-tells it to the client that queued the prompt); every request body is bounded and checked before it reaches the
-session, and an ended session refuses events."""
+HD-map frames, its frames over a websocket and as MJPEG.
+
+A session is addressed by its public id (the SHA-256 of its owner's key, which the prompt carries) and every route
+wants the key itself in a header (`X-OmniVideo-Live-Key`; the frames websocket: a `Sec-WebSocket-Protocol` entry, all
+a browser's WebSocket can send), never in the URL: ComfyUI's `client_id`, /queue and /history are public on a shared
+server, so nothing secret travels by them (pipelines/omnidreams/events.py). Before any work a request's size is
+bounded, and a pushed frame is checked against the session's state and queue before its body is read and against
+its pixel budget before it is decoded, one decode at a time on this server. A viewer that leaves is normal: its
+stream ends quietly and the viewer count drops at once."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..pipelines.omnidreams.events import MAX_FRAME_BYTES, EventRefused, decode_frame
+from ..pipelines.omnidreams.events import (
+    KEY_HEADER,
+    KEY_PROTOCOL,
+    KEY_PROTOCOL_PREFIX,
+    MAX_FRAME_BYTES,
+    EventRefused,
+    decode_frame,
+    key_matches,
+    max_frame_pixels,
+    parse_event,
+)
 from ..pipelines.omnidreams.live import LiveSession
 from .live_frames import FrameHub
 
 PREFIX = "/omnivideo/live"
 MAX_EVENT_BYTES = 256 * 1024  # one JSON event: a prompt of at most 64 Ki characters, escaped
-KEEP_ENDED = 16  # ended sessions whose status can still be read (their token refuses events)
+KEEP_ENDED = 16  # ended sessions whose status can still be read (their key refuses events)
+MAX_FRAMES_RECEIVING = 2  # a session's frames read or decoded at once (each up to MAX_FRAME_BYTES), beyond its queue
 
 
 @dataclass
@@ -27,6 +43,7 @@ class LiveEntry:
     fps: float
     width: int
     height: int
+    receiving: int = 0  # pushed frames being read or decoded now (MAX_FRAMES_RECEIVING)
 
 
 _sessions: OrderedDict[str, LiveEntry] = OrderedDict()
@@ -34,46 +51,83 @@ _sessions: OrderedDict[str, LiveEntry] = OrderedDict()
 
 def open_session(session: LiveSession, hub: FrameHub, fps: float, width: int, height: int) -> LiveEntry:
     entry = LiveEntry(session, hub, fps, width, height)
-    _sessions[session.token] = entry
-    ended = [token for token, e in _sessions.items() if e.session.state == "ended"]
-    for token in ended[: max(0, len(ended) - KEEP_ENDED)]:
-        del _sessions[token]
+    _sessions.pop(session.session_id, None)  # an ended session of the same key: the new one takes its id
+    _sessions[session.session_id] = entry
+    ended = [sid for sid, e in _sessions.items() if e.session.state == "ended"]
+    for sid in ended[: max(0, len(ended) - KEEP_ENDED)]:
+        del _sessions[sid]
     return entry
 
 
-def close_session(token: str) -> None:
+def close_session(session_id: str) -> None:
     """The session is over: its viewers' streams end; its status stays readable for a while (`KEEP_ENDED`)."""
-    entry = _sessions.get(token)
+    entry = _sessions.get(session_id)
     if entry is not None:
         entry.hub.close()
+
+
+def protocol_key(request) -> str | None:
+    """The key a websocket client offers as a subprotocol (`omnivideo-key.<key>`), None if none."""
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    for item in offered.split(",")[:8]:
+        item = item.strip()
+        if item.startswith(KEY_PROTOCOL_PREFIX):
+            return item[len(KEY_PROTOCOL_PREFIX) :]
+    return None
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The whole body (to its end, however the client splits it), refused with 413 past `limit` bytes: read before
+    any of it is used, never more than `limit` + 1 bytes of it."""
+    if request.content_length is not None and request.content_length > limit:
+        raise EventRefused(f"the request body is larger than {limit} bytes", 413)
+    data = bytearray()
+    while len(data) <= limit:
+        piece = await request.content.read(limit + 1 - len(data))
+        if not piece:
+            break
+        data += piece
+    if len(data) > limit:
+        raise EventRefused(f"the request body is larger than {limit} bytes", 413)
+    return bytes(data)
 
 
 def install(routes) -> None:
     """Add the routes to ComfyUI's route table (before the server starts; ComfyUI mirrors them under /api)."""
     from aiohttp import web
 
-    def found(request) -> LiveEntry:
-        entry = _sessions.get(request.match_info["token"])
+    decoding = asyncio.Lock()  # this server's: a pushed frame decodes only while no other does, so memory is bounded
+
+    def error(message: str, status: int):
+        return web.json_response({"error": message}, status=status)
+
+    def owned(request, key: str | None = None) -> LiveEntry:
+        """The session the URL names, if the request proves its key (else 404 / 403, before anything is read)."""
+        entry = _sessions.get(request.match_info["session"])
         if entry is None:
-            raise web.HTTPNotFound(
-                text=json.dumps({"error": "no live session has this token"}), content_type="application/json"
+            raise EventRefused("no live session has this id", 404)
+        key = key if key is not None else request.headers.get(KEY_HEADER)
+        if not key_matches(key, entry.session.key_hash):
+            raise EventRefused(
+                f"this live session is steered only with its key, in the {KEY_HEADER} header (the panel that queued "
+                "it holds it)",
+                403,
             )
         return entry
 
-    def refused(err: EventRefused):
-        return web.json_response({"error": str(err)}, status=err.status)
+    def refusing(handler):
+        async def guarded(request):
+            try:
+                return await handler(request)
+            except EventRefused as err:
+                return error(str(err), err.status)
 
-    async def body(request, limit: int) -> bytes:
-        if request.content_length is not None and request.content_length > limit:
-            raise EventRefused(f"the request body is larger than {limit} bytes", 413)
-        data = await request.content.read(limit + 1)
-        if len(data) > limit:
-            raise EventRefused(f"the request body is larger than {limit} bytes", 413)
-        return data
+        return guarded
 
-    @routes.get(PREFIX + "/{token}")
+    @routes.get(PREFIX + "/{session}")
+    @refusing
     async def status(request):
-        entry = found(request)
+        entry = owned(request)
         return web.json_response(
             {
                 **entry.session.status(),
@@ -84,55 +138,91 @@ def install(routes) -> None:
             }
         )
 
-    @routes.post(PREFIX + "/{token}/events")
+    @routes.post(PREFIX + "/{session}/events")
+    @refusing
     async def events(request):
-        entry = found(request)
-        try:
-            data = await body(request, MAX_EVENT_BYTES)
-            try:
-                event = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise EventRefused('the body must be one JSON event, e.g. {"type": "pause"}') from None
-            return web.json_response(entry.session.post(event))
-        except EventRefused as err:
-            return refused(err)
+        entry = owned(request)
+        event = parse_event(await read_body(request, MAX_EVENT_BYTES))
+        return web.json_response(entry.session.post(event))
 
-    @routes.post(PREFIX + "/{token}/hdmap")
+    @routes.post(PREFIX + "/{session}/hdmap")
+    @refusing
     async def hdmap(request):
-        entry = found(request)
+        entry = owned(request)
+        session = entry.session
+        session.frame_room(request.content_length or 0)  # its state and queue, before the body is read
+        if entry.receiving >= MAX_FRAMES_RECEIVING:
+            raise EventRefused(f"{MAX_FRAMES_RECEIVING} frames are being received already; push one after another", 429)
+        entry.receiving += 1  # (the event loop's own count: no lock)
         try:
-            data = await body(request, MAX_FRAME_BYTES)
-            await asyncio.get_running_loop().run_in_executor(None, decode_frame, data)  # checked off the event loop
-            return web.json_response({"queued": entry.session.push_frame(data, checked=True)})
-        except EventRefused as err:
-            return refused(err)
+            data = await read_body(request, MAX_FRAME_BYTES)
+            session.frame_room(len(data))
+            async with decoding:  # one decode at a time on this server, off the event loop
+                session.frame_room(len(data))  # it may have ended while this frame waited for its turn
+                budget = max_frame_pixels(entry.width, entry.height)  # the header is checked before the pixels
+                await asyncio.get_running_loop().run_in_executor(None, decode_frame, data, budget)
+        finally:
+            entry.receiving -= 1
+        return web.json_response({"queued": session.push_frame(data, checked=True)})
 
-    @routes.get(PREFIX + "/{token}/frames")
+    @routes.get(PREFIX + "/{session}/frames")
     async def frames(request):
-        entry = found(request)
-        ws = web.WebSocketResponse(heartbeat=30)
+        try:
+            entry = owned(request, protocol_key(request) or request.headers.get(KEY_HEADER))
+        except EventRefused as err:
+            return error(str(err), err.status)
+        ws = web.WebSocketResponse(heartbeat=30, protocols=(KEY_PROTOCOL,))
         await ws.prepare(request)
-        async with entry.hub.watching():
+
+        async def send():
             async for frame in entry.hub.follow():
-                if ws.closed:
-                    break
                 await ws.send_bytes(frame.message())
+
+        async def until_closed():  # the viewer's own messages are ignored; this sees it leave at once
+            async for _ in ws:
+                pass
+
+        async with entry.hub.watching():
+            tasks = [asyncio.ensure_future(send()), asyncio.ensure_future(until_closed())]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+        gone = [r for r in results if isinstance(r, Exception) and not _viewer_left(r)]
+        if gone:
+            raise gone[0]
         await ws.close()
         return ws
 
-    @routes.get(PREFIX + "/{token}/mjpeg")
+    @routes.get(PREFIX + "/{session}/mjpeg")
     async def mjpeg(request):
-        entry = found(request)
+        try:
+            entry = owned(request)
+        except EventRefused as err:
+            return error(str(err), err.status)
         response = web.StreamResponse(
             headers={"Content-Type": "multipart/x-mixed-replace; boundary=frame", "Cache-Control": "no-store"}
         )
         await response.prepare(request)
         step, due = 1.0 / entry.fps, time.monotonic()
+        transport = request.transport
+        alive = lambda: transport is not None and not transport.is_closing()
         async with entry.hub.watching():
-            async for frame in entry.hub.follow():
-                due = max(due, time.monotonic() - step)  # after a wait, no burst to catch up
-                await asyncio.sleep(max(0.0, due - time.monotonic()))  # a chunk's frames at the stream's rate
-                due += step
-                part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(frame.jpeg)
-                await response.write(part + frame.jpeg + b"\r\n")
+            try:
+                async for frame in entry.hub.follow(alive):
+                    due = max(due, time.monotonic() - step)  # after a wait, no burst to catch up
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))  # a chunk's frames at the stream's rate
+                    due += step
+                    part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(frame.jpeg)
+                    await response.write(part + frame.jpeg + b"\r\n")
+            except Exception as exc:
+                if not _viewer_left(exc):
+                    raise
         return response
+
+
+def _viewer_left(exc: BaseException) -> bool:
+    """A write to a viewer that has gone (a reset, a closing transport): the end of its stream, not an error."""
+    return isinstance(exc, (ConnectionError, asyncio.CancelledError)) or "closing transport" in str(exc)

@@ -4,10 +4,14 @@ MJPEG player as they are decoded, its events recorded next to the video for Omni
 
 from __future__ import annotations
 
+import os
+import secrets
+
 from .. import compat
 from ..compat import io
 from ..integration import live_routes, safe_paths
 from ..integration.live_frames import FrameHub
+from ..pipelines.omnidreams.events import check_key_hash
 from ..pipelines.omnidreams.live import LiveSession
 from ..pipelines.omnidreams.record import write_record
 from .omnidreams_stream import (
@@ -15,8 +19,8 @@ from .omnidreams_stream import (
     HDMAP_INPUT,
     MAX_CHUNKS,
     STATE_EXT,
-    VALIDATE_STREAM_INPUTS,
     StreamRun,
+    _checked_resume_from,
     _in_output,
     pixel_size,
     prompt_encoder,
@@ -28,7 +32,35 @@ from .types import TextEncoderType
 
 DEFAULT_MAX_CHUNKS = 900  # 2 minutes at 30 fps
 MAX_IDLE_TIMEOUT = 3600
-EVENT = "omnivideo.live"  # the websocket message that tells the queuing client its session
+DEFAULT_MAX_WAIT = 600
+# The server's owner lowers the most a session may spend paused or waiting (max_wait's maximum, which ComfyUI enforces
+# at /prompt) with this variable, in seconds.
+MAX_WAIT_VARIABLE = "OMNIVIDEO_LIVE_MAX_WAIT"
+EVENT = "omnivideo.live"  # the websocket message that tells the queuing client its session started (nothing secret)
+
+
+def max_wait_limit() -> int:
+    """max_wait's maximum: OMNIVIDEO_LIVE_MAX_WAIT seconds (5 to MAX_IDLE_TIMEOUT), MAX_IDLE_TIMEOUT when unset."""
+    try:
+        return max(5, min(MAX_IDLE_TIMEOUT, int(os.environ.get(MAX_WAIT_VARIABLE, MAX_IDLE_TIMEOUT))))
+    except ValueError:
+        return MAX_IDLE_TIMEOUT
+
+
+def _checked_key_hash(key_hash) -> bool | str:
+    return True if not isinstance(key_hash, str) else check_key_hash(key_hash) or True
+
+
+def _validate_inputs(cls, resume_from=None, key_hash=None):
+    return safe_paths.refusals(_checked_resume_from(resume_from), _checked_key_hash(key_hash))
+
+
+def _validate_inputs_and_combos(cls, resume_from=None, key_hash=None, fusion=None):
+    return safe_paths.refusals(
+        _checked_resume_from(resume_from),
+        _checked_key_hash(key_hash),
+        safe_paths.validated_choices(cls, fusion=fusion),
+    )
 
 
 class OmniDreamsLive(io.ComfyNode):
@@ -46,7 +78,9 @@ class OmniDreamsLive(io.ComfyNode):
                 "pause, resume, stop and more chunks; a simulator can push HD-map frames over HTTP (hdmap_pushed). "
                 "It makes `chunks` chunks, then waits for more, up to max_chunks. It holds ComfyUI's queue while it "
                 "runs: it ends by itself after idle_timeout seconds without events (and, while it runs, without a "
-                "viewer), and Cancel ends it within about a second; the video keeps every finished chunk. record "
+                "viewer) and once it has been paused or waiting for max_wait seconds in all, and Cancel ends it "
+                "within about a second; the video keeps every finished chunk. Only the holder of the session's key "
+                "steers or watches it (the panel makes one for each run; key_hash carries its SHA-256). record "
                 "saves the events next to the video, for OmniDreams Stream's replay."
             ),
             inputs=[
@@ -75,11 +109,29 @@ class OmniDreamsLive(io.ComfyNode):
                     "record", default=True, optional=True, tooltip="Save the events next to the video, for replay."
                 ),
                 *state_inputs(),
+                io.Int.Input(
+                    "max_wait",
+                    default=min(DEFAULT_MAX_WAIT, max_wait_limit()),
+                    min=5,
+                    max=max_wait_limit(),
+                    optional=True,
+                    tooltip="Seconds it may spend paused or waiting (for more chunks, for HD-map frames) in all before "
+                    f"it ends: other users' prompts wait meanwhile. The server's owner caps it ({MAX_WAIT_VARIABLE}).",
+                ),
+                io.String.Input(
+                    "key_hash",
+                    default="",
+                    optional=True,
+                    tooltip="SHA-256 (64 hex digits) of the session's key; the panel fills it in for each run and "
+                    "keeps the key. A program makes its own key and sends it in the X-OmniVideo-Live-Key header. "
+                    "Empty: nobody can steer or watch the session; it makes its chunks and ends.",
+                ),
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
 
-    validate_inputs = VALIDATE_STREAM_INPUTS
+    # the Stream's checks (see VALIDATE_STREAM_INPUTS: where core passes any combo value on, fusion too) and key_hash
+    validate_inputs = classmethod(_validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos)
 
     @classmethod
     def execute(
@@ -101,24 +153,33 @@ class OmniDreamsLive(io.ComfyNode):
         record=True,
         resume_from="",
         save_state_as="",
+        max_wait=DEFAULT_MAX_WAIT,
+        key_hash="",
     ) -> io.NodeOutput:
+        if (problem := check_key_hash(key_hash)) is not None:
+            raise ValueError(problem)
         if hdmap_pushed and hdmap is not None:
             raise ValueError("hdmap_pushed takes the HD-map from pushed frames: disconnect the hdmap video or unset it")
+        if not key_hash and hdmap_pushed:
+            raise ValueError("hdmap_pushed needs a key_hash: frames can be pushed only with the session's key")
         encode = None if text_encoder is None else prompt_encoder(text_encoder, "OmniDreams Live's text_encoder")
-        run = StreamRun(model, filename_prefix, save_state_as, resume_from)
+        # a name nobody guesses while the session runs (/view serves any output file by name; /history shows it after)
+        run = StreamRun(model, f"{filename_prefix}_{secrets.token_hex(8)}", save_state_as, resume_from)
         hub = FrameHub()
         session = LiveSession(
             chunks=chunks,
-            max_chunks=max_chunks,
+            max_chunks=max_chunks if key_hash else min(chunks, max_chunks),  # without a key nobody asks for more
             idle_timeout=idle_timeout,
             prompts=encode is not None,
+            key_hash=key_hash,
+            max_wait=min(max_wait, max_wait_limit()),
             hdmap_pushed=hdmap_pushed,
             viewers=lambda: hub.viewers,
         )
         size = pixel_size(conditioning, width, height)
         live_routes.open_session(session, hub, FPS, *size)
         prompt_id, node_id = compat.running_node() or ("", "")
-        about = {"node": node_id, "prompt_id": prompt_id, "token": session.token}
+        about = {"node": node_id, "prompt_id": prompt_id, "session": session.session_id if key_hash else None}
         compat.tell_client(
             EVENT,
             {
@@ -159,8 +220,9 @@ class OmniDreamsLive(io.ComfyNode):
             raise
         finally:
             session.end(reason)
-            live_routes.close_session(session.token)
+            live_routes.close_session(session.session_id)
             kept = _save_record(run, session, seed, size, hdmap) if record else None  # never raises
+            session.forget()
             compat.tell_client(
                 EVENT,
                 {
@@ -173,6 +235,11 @@ class OmniDreamsLive(io.ComfyNode):
                 },
             )
             session.frames_used.close()
+        if run.writer.frames_written == 0:  # ended before its first chunk: no video for Save Video to take
+            raise RuntimeError(
+                f"OmniDreams Live ended before its first chunk ({reason}): no video was made. Queue it again and "
+                "steer it from its panel (or with its key) within idle_timeout."
+            )
         made = f"{run.writer.frames_written} frames ({session.made} chunks, {reason})"
         return run.output(made, result.state if result else None, f"; events in {kept}" if kept else "")
 

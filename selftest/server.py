@@ -139,19 +139,19 @@ class ComfyServer:
         return self.root / "models"
 
     # -- http
-    def request(self, path: str, payload=None, timeout: float = 30):
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(
-            self.url + path, data=data, headers={"Content-Type": "application/json"} if data else {}
-        )
+    def request(self, path: str, payload=None, timeout: float = 30, headers: dict | None = None):
+        """(status, body) of a GET, or a POST of `payload` (JSON, or bytes as they are), with `headers` added."""
+        data = None if payload is None else payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        sent = {"Content-Type": "application/json"} if data is not None else {}
+        req = urllib.request.Request(self.url + path, data=data, headers={**sent, **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def get_json(self, path: str, timeout: float = 30):
-        status, body = self.request(path, timeout=timeout)
+    def get_json(self, path: str, timeout: float = 30, headers: dict | None = None):
+        status, body = self.request(path, timeout=timeout, headers=headers)
         if status != 200:
             _fail(f"GET {path}: HTTP {status}: {body[:500]!r}")
         return json.loads(body)

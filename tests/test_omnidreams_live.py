@@ -10,6 +10,7 @@ import io
 import itertools
 import threading
 import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,9 +26,11 @@ from omnivideo.pipelines.omnidreams import stream as stream_mod
 from omnivideo.pipelines.omnidreams.events import (
     MAX_PENDING_EVENTS,
     MAX_PROMPT_CHARS,
+    MAX_RECORD_EVENT_BYTES,
     EventRefused,
     check_event,
     decode_frame,
+    key_hash_of,
 )
 from omnivideo.pipelines.omnidreams.live import LiveSession
 from omnivideo.pipelines.omnidreams.record import RecordError, Replay, read_record, write_record
@@ -170,6 +173,53 @@ def test_queues_are_bounded_and_an_ended_session_refuses_events():
     with pytest.raises(EventRefused, match="ended") as refused:
         stopping.post({"type": "pause"})
     assert refused.value.status == 409
+
+
+def test_bursts_while_paused_stay_within_what_a_record_holds(tmp_path):
+    """Paused, the events drain at once (the 64-pending bound never bites): the bytes they take in the record are
+    bounded instead, escaped as written (an astral character: 12 bytes), within what read_record reads back."""
+    live = session(interrupt=lambda: None)
+    live.post({"type": "pause"})
+    waiting = threading.Thread(target=live.before_chunk, args=(0, 0))  # paused: applies each event as it comes
+    waiting.start()
+    astral = "\U0001f600" * MAX_PROMPT_CHARS
+    taken, refused = 0, None
+    for _ in range(200):
+        try:
+            live.post({"type": "prompt", "text": astral})
+            taken += 1
+        except EventRefused as err:
+            refused = err
+            break
+    assert refused is not None and refused.status == 413 and "record" in str(refused), (taken, refused)
+    assert 15 <= taken <= 22  # 16 MiB of 768 KiB (escaped) prompts
+    with pytest.raises(EventRefused):  # and it stays full
+        live.post({"type": "prompt", "text": astral})
+    live.end("stopped")
+    waiting.join(10)
+    path = str(tmp_path / "burst.events.safetensors")
+    write_record(path, live.events, live.frames_used, {"seed": "1", "width": "8", "height": "8", "hdmap": "none",
+                                                       "chunks": "1"})  # fmt: skip
+    assert len(read_record(path, "replay").events) == taken + 1  # what it took, it can replay
+    assert Path(path).stat().st_size <= MAX_RECORD_EVENT_BYTES + 2**16
+    live.forget()  # after the record: an ended session keeps its status only
+    assert live.events == [] and live.status()["state"] == "ended"
+
+
+def test_a_client_that_keeps_pausing_cannot_hold_the_session_past_max_wait():
+    """An event every few seconds keeps a paused session from idling out; max_wait bounds the waiting in all."""
+    now = [0.0]
+    live = session(idle_timeout=20, max_wait=30, clock=lambda: now[0])
+
+    def a_pause_every_8_seconds():
+        now[0] += 2.0
+        if now[0] % 8 == 0:
+            live.post({"type": "pause"})
+
+    live.interrupt = a_pause_every_8_seconds
+    live.post({"type": "pause"})
+    assert live.before_chunk(0, 0) is None and live.reason == "wait limit"
+    assert 30 <= now[0] <= 34 and live.status()["waited"] >= 30
 
 
 def test_it_ends_when_idle_and_a_cancel_reaches_it_while_it_waits():
@@ -320,3 +370,15 @@ def test_a_replay_is_checked_against_the_run_before_heavy_work(tmp_path):
     for change, message in wrong:
         with pytest.raises(ValueError, match=message):
             record.check_run(**{"seed": 7, "size": (48, 32), "chunks": 2, "video": False, **change})
+
+
+def test_while_it_renders_only_a_session_someone_can_watch_idles_out():
+    """Rendering with no viewer and no event for idle_timeout ends a session that has a key (its owner went away); a
+    session without a key (nobody can watch or steer it) makes its chunks."""
+    now = [0.0]
+    owned = session(idle_timeout=5, clock=lambda: now[0], key_hash=key_hash_of("k" * 43))
+    keyless = session(idle_timeout=5, clock=lambda: now[0])
+    assert owned.before_chunk(0, 0) is not None and keyless.before_chunk(0, 0) is not None
+    now[0] = 100.0
+    assert owned.before_chunk(1, 1) is None and owned.reason == "idle"
+    assert keyless.before_chunk(1, 1) is not None

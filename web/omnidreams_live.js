@@ -1,10 +1,14 @@
 // OmniVideo: the panel of the OmniDreams Live node. A plain ES module (no build step), loaded by both supported
 // frontends (1.27 in ComfyUI 0.3.64, 1.49 in 0.33) from the pack's WEB_DIRECTORY.
 //
-// The node's run announces its session on ComfyUI's websocket ("omnivideo.live": token, fps, size); the panel then
-// opens the session's /frames websocket (16-byte big-endian header: uint32 frame, uint32 chunk, float64 the server's
-// time.time() at decode; then a JPEG), queues the frames and shows them at the session's fps, polls the status route
-// for the state line and posts the user's events (prompt, pause, resume, stop, more).
+// Each run gets a key the panel makes and keeps (32 random bytes, base64url): only its SHA-256 goes into the queued
+// prompt (the node's hidden key_hash input), because ComfyUI's client_id, /queue and /history are public on a shared
+// server. The key hash is also the session's id. The panel learns that its run started from the node's
+// "omnivideo.live" message (no secret in it), or by asking for its key hashes itself when that message went to someone
+// else; then it opens the session's /frames websocket (the key as a subprotocol; 16-byte big-endian header: uint32
+// frame, uint32 chunk, float64 the server's time.time() at decode; then a JPEG), queues the frames and shows them at
+// the session's fps, polls the status route for the state line and posts the user's events (prompt, pause, resume,
+// stop, more), every request with the key in the X-OmniVideo-Live-Key header.
 //
 // For tests and benchmarks each panel keeps its numbers on window.omnivideoLive.panels[<node id>] (and a few on the
 // panel element's dataset): frames received / shown / dropped, per-frame frames-to-screen latency in ms (the time a
@@ -19,6 +23,60 @@ const STATUS_POLL_MS = 500;
 const MAX_LATENCIES = 10000; // a long session keeps its last 10k frames' numbers
 const MAX_BUFFER_S = 2; // more than this much video waiting to be shown: drop the oldest frames (live, not a replay)
 const MAX_PROMPT_CHARS = 65536; // as the server takes one (a whole prompt schedule's length)
+const KEY_HEADER = "X-OmniVideo-Live-Key";
+const KEY_PROTOCOLS = (key) => ["omnivideo-live", `omnivideo-key.${key}`];
+const MAX_PENDING_KEYS = 8; // runs queued from this panel that have not started yet
+const FIND_EVERY_MS = 2000; // how often the panel asks whether one of them started (when no message told it)
+
+// SHA-256 of an ASCII string as 64 hex digits (the key hash). Plain JS: crypto.subtle exists only in a secure
+// context (https or localhost), and ComfyUI on a shared server is often reached over plain http.
+const K256 = new Uint32Array([
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+    0xc67178f2,
+]);
+
+function sha256hex(ascii) {
+    const bytes = new TextEncoder().encode(ascii);
+    const length = Math.ceil((bytes.length + 9) / 64) * 64;
+    const data = new Uint8Array(length);
+    data.set(bytes);
+    data[bytes.length] = 0x80;
+    new DataView(data.buffer).setUint32(length - 4, bytes.length * 8);
+    const h = new Uint32Array([
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+    ]);
+    const w = new Uint32Array(64);
+    const rotr = (x, n) => (x >>> n) | (x << (32 - n));
+    for (let offset = 0; offset < length; offset += 64) {
+        const block = new DataView(data.buffer, offset, 64);
+        for (let i = 0; i < 16; i++) w[i] = block.getUint32(i * 4);
+        for (let i = 16; i < 64; i++) {
+            const s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >>> 3);
+            const s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >>> 10);
+            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+        }
+        let [a, b, c, d, e, f, g, hh] = h;
+        for (let i = 0; i < 64; i++) {
+            const t1 = (hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i]) >>> 0;
+            const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) >>> 0;
+            [hh, g, f, e, d, c, b, a] = [g, f, e, (d + t1) >>> 0, c, b, a, (t1 + t2) >>> 0];
+        }
+        [a, b, c, d, e, f, g, hh].forEach((v, i) => (h[i] = (h[i] + v) >>> 0));
+    }
+    return [...h].map((v) => v.toString(16).padStart(8, "0")).join("");
+}
+
+// A new key: 32 random bytes as base64url (getRandomValues works outside secure contexts too).
+function newKey() {
+    const bytes = crypto.getRandomValues(new Uint8Array(32));
+    return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
 
 const panels = new Set(); // every LivePanel of the page's graphs
 // window.omnivideoLive.panels: {<node id>: stats} (computed: a node gets its id when it is added to a graph)
@@ -44,6 +102,8 @@ function ownKeys(field) {
     for (const type of ["keydown", "keyup", "keypress"]) field.addEventListener(type, (e) => e.stopPropagation());
 }
 
+const livePath = (session, rest = "") => `/omnivideo/live/${encodeURIComponent(session)}${rest}`;
+
 function socketURL(path) {
     const url = new URL(api.apiURL(path), window.location.href);
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
@@ -64,7 +124,9 @@ function panelFor(nodeName) {
 class LivePanel {
     constructor(node) {
         this.node = node;
-        this.session = null; // the last "omnivideo.live" message of this node
+        this.session = null; // the session on screen: {session (its id, the key hash), key, fps, width, height, ...}
+        this.keys = new Map(); // key hash -> key, for the runs queued from here that have not started (oldest first)
+        this.findTimer = null;
         this.socket = null;
         this.queue = []; // decoded frames waiting for their turn: {index, chunk, serverTime, received, bitmap}
         this.nextDue = 0; // performance.now() at which the next frame may be shown
@@ -78,7 +140,7 @@ class LivePanel {
 
     freshStats(session) {
         return {
-            token: session ? session.token : null,
+            session: session ? session.session : null, // the session's id: its key hash (public)
             fps: session ? session.fps : null,
             state: session ? session.state : "idle",
             reason: null,
@@ -89,7 +151,7 @@ class LivePanel {
             latencyMs: [], // per frame shown: display time - the header's server time
             arrivalMs: [], // per frame received: arrival time - the header's server time
             decodeMs: [], // per frame received: JPEG decoded - arrival
-            status: null, // the last GET /omnivideo/live/{token} answer
+            status: null, // the last GET /omnivideo/live/{session} answer
             ended: null, // the "ended" message
             sent: [], // events this panel posted: {type, id, state} or {type, error}
             error: null,
@@ -160,9 +222,50 @@ class LivePanel {
 
     // ------------------------------------------------------------------ the session
 
+    // A fresh key for the run being queued: its hash goes into the prompt (key_hash), the key stays here.
+    newRunKey() {
+        const key = newKey();
+        const hash = sha256hex(key);
+        this.keys.set(hash, key);
+        while (this.keys.size > MAX_PENDING_KEYS) this.keys.delete(this.keys.keys().next().value);
+        this.startFinding();
+        return hash;
+    }
+
+    // Whether a run queued from here started, asked with its own keys (ComfyUI sends the node's message to the
+    // newest socket of this client_id only, which may not be this page's).
+    startFinding() {
+        if (this.findTimer === null) this.findTimer = setInterval(() => this.findOnce(), FIND_EVERY_MS);
+    }
+
+    async findOnce() {
+        if (this.active() || !this.keys.size) {
+            if (!this.keys.size) this.stopFinding();
+            return;
+        }
+        for (const [hash, key] of [...this.keys].slice(-4)) {
+            try {
+                const res = await api.fetchApi(livePath(hash), { headers: { [KEY_HEADER]: key } });
+                if (res.ok && !this.active()) {
+                    const status = await res.json();
+                    if (status.state !== "ended") this.onSession({ ...status, session: hash, state: status.state });
+                    return;
+                }
+            } catch (err) {
+                this.stats.error = `status: ${err}`;
+            }
+        }
+    }
+
+    stopFinding() {
+        if (this.findTimer !== null) clearInterval(this.findTimer);
+        this.findTimer = null;
+    }
+
     onSession(message) {
+        const key = this.keys.get(message.session);
         if (message.state === "ended") {
-            if (!this.session || message.token !== this.session.token) return;
+            if (!this.session || message.session !== this.session.session) return;
             this.stats.state = "ended";
             this.stats.reason = message.reason || null;
             this.stats.ended = message;
@@ -171,12 +274,15 @@ class LivePanel {
             this.render();
             return;
         }
+        if (key === undefined) return; // not a run of this panel: without its key there is nothing to show
+        if (this.session && this.session.session === message.session) return; // found twice
+        this.keys.delete(message.session);
         this.close();
-        this.session = message;
+        this.session = { ...message, key };
         this.stats = this.freshStats(message);
         this.wantPaused = false;
         this.moreCount.max = message.max_chunks || 900;
-        live.sessions[message.token] = this.stats;
+        live.sessions[message.session] = this.stats;
         this.queue = [];
         this.nextDue = 0;
         if (message.width > 0 && message.height > 0) {
@@ -184,13 +290,14 @@ class LivePanel {
             this.canvas.height = message.height;
         }
         this.ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
-        this.openFrames(message.token);
+        this.openFrames();
         this.startPolling();
         this.render();
     }
 
-    openFrames(token) {
-        const socket = new WebSocket(socketURL(`/omnivideo/live/${encodeURIComponent(token)}/frames`));
+    openFrames() {
+        const { session, key } = this.session;
+        const socket = new WebSocket(socketURL(livePath(session, "/frames")), KEY_PROTOCOLS(key));
         socket.binaryType = "arraybuffer";
         socket.onmessage = (e) => this.onFrame(e.data);
         socket.onerror = () => {
@@ -273,7 +380,7 @@ class LivePanel {
         const session = this.session;
         if (!session) return;
         try {
-            const res = await api.fetchApi(`/omnivideo/live/${encodeURIComponent(session.token)}`);
+            const res = await api.fetchApi(livePath(session.session), { headers: { [KEY_HEADER]: session.key } });
             if (session !== this.session) return;
             if (res.status === 404) {
                 if (this.stats.state !== "ended") this.stats.state = "ended"; // forgotten: it ended long ago
@@ -314,9 +421,9 @@ class LivePanel {
         }
         let record;
         try {
-            const res = await api.fetchApi(`/omnivideo/live/${encodeURIComponent(this.session.token)}/events`, {
+            const res = await api.fetchApi(livePath(this.session.session, "/events"), {
                 method: "POST",
-                headers: { "Content-Type": "application/json" },
+                headers: { "Content-Type": "application/json", [KEY_HEADER]: this.session.key },
                 body: JSON.stringify(event),
             });
             const body = await res.json().catch(() => ({}));
@@ -371,7 +478,7 @@ class LivePanel {
         this.stateLine.title = this.stateLine.textContent;
         const d = this.root.dataset;
         d.state = s.state;
-        d.token = s.token || "";
+        d.session = s.session || "";
         d.framesReceived = String(s.framesReceived);
         d.framesShown = String(s.framesShown);
         d.chunk = s.status ? String(s.status.chunk) : "";
@@ -398,15 +505,29 @@ class LivePanel {
 
     remove() {
         this.removed = true;
+        this.stopFinding();
         this.close();
         panels.delete(this);
     }
+}
+
+// key_hash: filled with a fresh key's hash each time the prompt is built (so each queued run has its own key), never
+// shown and never saved in the workflow (it belongs to the run, not to the graph).
+function hideKeyWidget(node, panel) {
+    const widget = node.widgets?.find((w) => w.name === "key_hash");
+    if (!widget) return;
+    widget.serializeValue = () => panel.newRunKey();
+    widget.serialize = false;
+    widget.hidden = true;
+    widget.type = "hidden";
+    widget.computeSize = () => [0, -4];
 }
 
 function attachPanel(node) {
     if (node.omnidreamsLive) return;
     const panel = new LivePanel(node);
     node.omnidreamsLive = panel;
+    hideKeyWidget(node, panel);
     const widget = node.addDOMWidget("live", "omnidreams_live", panel.root, {
         serialize: false, // UI only: not a widget value of the workflow nor an input of the prompt
         hideOnZoom: false,
@@ -429,10 +550,10 @@ app.registerExtension({
     async setup() {
         api.addEventListener("omnivideo.live", (e) => {
             const message = e.detail || {};
-            if (typeof message.token !== "string") return;
+            if (typeof message.session !== "string") return; // a session nobody steers (no key) or not ours
             const panel = panelFor(message.node);
             if (panel) panel.onSession(message);
-            else live.sessions[message.token] = { orphan: message }; // a node not in this graph (another tab)
+            else live.sessions[message.session] = { orphan: message }; // a node not in this graph (another tab)
         });
     },
     async beforeRegisterNodeDef(nodeType, nodeData) {

@@ -257,9 +257,9 @@ def test_live_panel_plays_steers_and_stops(page, comfy_server, vae_file, probe_v
     page.locator(RUN_BUTTON).first.click()
 
     # it plays: frames arrive and are shown, the canvas holds a picture of the session's size
-    stats = _wait_stats(page, node_id, "s.token && s.framesShown >= 3", "frames shown", comfy_server, timeout=240)
+    stats = _wait_stats(page, node_id, "s.session && s.framesShown >= 3", "frames shown", comfy_server, timeout=240)
     marks = {"first frames": time.monotonic() - started}
-    assert len(stats["token"]) == 43 and stats["fps"] == 30, _summary(stats)
+    assert len(stats["session"]) == 64 and stats["fps"] == 30, _summary(stats)  # the key's SHA-256: its public id
     pixels = page.evaluate(CANVAS_PIXELS)
     assert (pixels["width"], pixels["height"]) == (WIDTH, HEIGHT), pixels
     assert pixels["max"] - pixels["min"] > 8, f"the player shows a blank picture: {pixels}"
@@ -311,6 +311,15 @@ def test_live_panel_plays_steers_and_stops(page, comfy_server, vae_file, probe_v
     assert len(new) == 1, new
     entry = _history_entry(comfy_server, new[0])
     assert entry["status"]["status_str"] == "success", entry["status"]
+    (live_inputs,) = [n["inputs"] for n in entry["prompt"][2].values() if n["class_type"] == "OmniDreamsLive"]
+    assert live_inputs["key_hash"] == stats["session"], live_inputs  # the prompt carried only the hash of its key
+    queued_again = page.evaluate(
+        "async () => { const p = await window.app.graphToPrompt(); "
+        "return {workflow: JSON.stringify(p.workflow), output: p.output}; }"
+    )
+    (again,) = [n["inputs"] for n in queued_again["output"].values() if n["class_type"] == "OmniDreamsLive"]
+    assert len(again["key_hash"]) == 64 and again["key_hash"] != stats["session"]  # each run gets a key of its own
+    assert again["key_hash"] not in queued_again["workflow"] and stats["session"] not in queued_again["workflow"]
     (video,) = sorted(comfy_server.output_dir.glob(prefix + "*.mp4"))
     info = probe_video(comfy_server.python, video)
     assert chunks > switch_chunk, (chunks, switch_chunk)
