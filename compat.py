@@ -177,6 +177,16 @@ def running_node() -> tuple[str, str] | None:
     return None if context is None else (str(context.prompt_id), str(context.node_id))
 
 
+def queued_prompts() -> list[tuple[str, dict]]:
+    """(prompt id, API graph) of every prompt running or waiting in ComfyUI's queue; [] outside ComfyUI."""
+    queue = getattr(_prompt_server(), "prompt_queue", None)
+    try:
+        running, pending = queue.get_current_queue_volatile()  # type: ignore[union-attr]
+    except Exception:
+        return []
+    return [(str(item[1]), item[2]) for item in (*running, *pending) if len(item) > 2 and isinstance(item[2], dict)]
+
+
 def tell_client(event: str, data: dict) -> bool:
     """A websocket message to the client that queued the running prompt only (never a broadcast: what it carries may
     be that client's alone); False when there is none (queued without a client_id, or outside ComfyUI)."""

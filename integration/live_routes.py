@@ -47,11 +47,27 @@ class LiveEntry:
 
 
 _sessions: OrderedDict[str, LiveEntry] = OrderedDict()
+# every id a session has had on this server (64 hex digits each: ~10 MiB at the cap, the oldest forgotten first)
+_used: OrderedDict[str, None] = OrderedDict()
+MAX_USED_IDS = 100_000
+
+
+def claim(session_id: str) -> None:
+    """Take an id for a session about to open (before anything heavy). An id names one session only: a key_hash
+    copied from /queue or /history into another prompt must not make its owner's key open a stranger's session."""
+    if session_id in _used:
+        raise ValueError(
+            "this key_hash already named a live session on this server: each session needs a key of its own (the "
+            "panel makes one for every run; a program makes a new key for each prompt)"
+        )
+    _used[session_id] = None
+    while len(_used) > MAX_USED_IDS:
+        _used.popitem(last=False)
 
 
 def open_session(session: LiveSession, hub: FrameHub, fps: float, width: int, height: int) -> LiveEntry:
+    """Register a session under its id (claimed before, see `claim`)."""
     entry = LiveEntry(session, hub, fps, width, height)
-    _sessions.pop(session.session_id, None)  # an ended session of the same key: the new one takes its id
     _sessions[session.session_id] = entry
     ended = [sid for sid, e in _sessions.items() if e.session.state == "ended"]
     for sid in ended[: max(0, len(ended) - KEEP_ENDED)]:
@@ -67,13 +83,14 @@ def close_session(session_id: str) -> None:
 
 
 def protocol_key(request) -> str | None:
-    """The key a websocket client offers as a subprotocol (`omnivideo-key.<key>`), None if none."""
-    offered = request.headers.get("Sec-WebSocket-Protocol", "")
-    for item in offered.split(",")[:8]:
-        item = item.strip()
-        if item.startswith(KEY_PROTOCOL_PREFIX):
-            return item[len(KEY_PROTOCOL_PREFIX) :]
-    return None
+    """The key a websocket client offers as a subprotocol (`omnivideo-key.<key>`), None if none. The key comes only
+    beside KEY_PROTOCOL, which the server answers with: a handshake with no protocol in common would make aiohttp log
+    every offered one, the key too (ComfyUI shows its log at /internal/logs)."""
+    offered = [item.strip() for item in request.headers.get("Sec-WebSocket-Protocol", "").split(",")[:8]]
+    keys = [item[len(KEY_PROTOCOL_PREFIX) :] for item in offered if item.startswith(KEY_PROTOCOL_PREFIX)]
+    if keys and KEY_PROTOCOL not in offered:
+        raise EventRefused(f"offer the websocket subprotocol {KEY_PROTOCOL} beside {KEY_PROTOCOL_PREFIX}<key>", 400)
+    return keys[0] if keys else None
 
 
 async def read_body(request, limit: int) -> bytes:
@@ -81,9 +98,15 @@ async def read_body(request, limit: int) -> bytes:
     any of it is used, never more than `limit` + 1 bytes of it."""
     if request.content_length is not None and request.content_length > limit:
         raise EventRefused(f"the request body is larger than {limit} bytes", 413)
+    from aiohttp import ClientPayloadError
+    from aiohttp.http_exceptions import HttpProcessingError
+
     data = bytearray()
     while len(data) <= limit:
-        piece = await request.content.read(limit + 1 - len(data))
+        try:
+            piece = await request.content.read(limit + 1 - len(data))
+        except (ConnectionError, ClientPayloadError, HttpProcessingError):  # the client went away mid-body
+            raise EventRefused("the request body ended before its end", 400) from None
         if not piece:
             break
         data += piece

@@ -288,3 +288,57 @@ def test_a_session_receives_at_most_two_frames_at_once(server):
         conn.close()
     assert live_routes._sessions[session.session_id].receiving == 0
     assert session.status()["hdmap"]["queued"] == 2
+
+
+def test_the_key_as_a_subprotocol_only_beside_the_one_the_server_answers(server, caplog):
+    """A handshake with no protocol in common would make aiohttp log every offered protocol, the key among them
+    (ComfyUI shows its log at /internal/logs): refused before the handshake instead."""
+    import websocket
+
+    session, _ = open_session()
+    url = f"ws://{server}/omnivideo/live/{session.session_id}/frames"
+    with caplog.at_level("DEBUG"):
+        with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+            websocket.create_connection(url, timeout=10, subprotocols=[f"omnivideo-key.{KEY}"])
+        assert refused.value.status_code == 400
+        ws = websocket.create_connection(url, timeout=10, subprotocols=["omnivideo-live", f"omnivideo-key.{KEY}"])
+        ws.close()
+    assert not [r.getMessage() for r in caplog.records if KEY in r.getMessage()]
+
+
+def test_an_id_names_one_session_only():
+    """A key_hash copied from /queue into another prompt must not make its owner's key open a stranger's session."""
+    session_id = key_hash_of("claimed-" + "x" * 40)
+    live_routes.claim(session_id)
+    with pytest.raises(ValueError, match="already named a live session"):
+        live_routes.claim(session_id)
+
+
+def test_a_body_that_ends_early_is_a_quiet_400(server, caplog):
+    import socket
+
+    session, _ = open_session(hdmap_pushed=True)
+    host, port = server.split(":")
+    with caplog.at_level("DEBUG"):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        head = (
+            f"POST /omnivideo/live/{session.session_id}/hdmap HTTP/1.1\r\nHost: {server}\r\n{KEY_HEADER}: {KEY}\r\n"
+            "Content-Length: 1048576\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b"\x89PNG" + b"\0" * 65536)  # then the client goes away
+        time.sleep(0.2)
+        sock.close()
+        time.sleep(0.5)
+        assert call(server, f"/omnivideo/live/{session.session_id}")[0] == 200  # the server carries on
+    noisy = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+    assert noisy == [], noisy
+    assert live_routes._sessions[session.session_id].receiving == 0
+
+
+def test_a_session_takes_a_bounded_number_of_frames(server):
+    from omnivideo.pipelines.omnidreams.events import MAX_SESSION_FRAMES
+
+    session, _ = open_session(hdmap_pushed=True)
+    session._frames_taken = MAX_SESSION_FRAMES  # as after 2.8 hours of frames at 30 fps
+    status, answer = call(server, f"/omnivideo/live/{session.session_id}/hdmap", png(8), "image/png")
+    assert status == 413 and "record" in answer["error"], (status, answer)

@@ -382,3 +382,12 @@ def test_while_it_renders_only_a_session_someone_can_watch_idles_out():
     now[0] = 100.0
     assert owned.before_chunk(1, 1) is None and owned.reason == "idle"
     assert keyless.before_chunk(1, 1) is not None
+
+
+def test_a_running_sessions_files_are_not_listed_or_guessed():
+    from omnivideo.nodes.omnidreams_live import unlisted_prefix
+
+    first, second = unlisted_prefix("omnidreams/live"), unlisted_prefix("omnidreams/live")
+    assert first.startswith("omnidreams/live_") and len(first) == len("omnidreams/live_") + 16 and first != second
+    assert unlisted_prefix("live").startswith("omnidreams/live_")  # never at the top, which /internal/files lists
+    assert unlisted_prefix("runs\\live").startswith("runs\\live_")  # a Windows path

@@ -25,8 +25,56 @@ const MAX_BUFFER_S = 2; // more than this much video waiting to be shown: drop t
 const MAX_PROMPT_CHARS = 65536; // as the server takes one (a whole prompt schedule's length)
 const KEY_HEADER = "X-OmniVideo-Live-Key";
 const KEY_PROTOCOLS = (key) => ["omnivideo-live", `omnivideo-key.${key}`];
-const MAX_PENDING_KEYS = 8; // runs queued from this panel that have not started yet
-const FIND_EVERY_MS = 2000; // how often the panel asks whether one of them started (when no message told it)
+const MAX_KEYS = 32; // keys of runs this page queued and has not seen end (the oldest are forgotten first)
+const KEY_LIFETIME_MS = 12 * 3600 * 1000; // a key whose run never started (refused, deleted from the queue) goes
+const FIND_EVERY_MS = 2000; // how often a panel asks whether one of its runs started (when no message told it)
+const FIND_AT_ONCE = 4; // keys asked about per round, the oldest first (ComfyUI runs its queue in order)
+
+// The keys of the runs queued from this page: key hash -> {key, node: the node id, made: Date.now()}. Kept for the
+// page's life, not the panel's (a workflow tab switch or reload of the graph makes new panels, which find their
+// node's runs here) and never in the workflow. A key goes when its session has ended.
+const runKeys = new Map();
+
+// The queued runs of a node (a key made for a prompt that was never sent or was refused is not asked about).
+function keysOf(node) {
+    const now = Date.now();
+    for (const [hash, entry] of runKeys) if (now - entry.made > KEY_LIFETIME_MS) runKeys.delete(hash);
+    return [...runKeys].filter(([, entry]) => entry.queued && entry.node === String(node.id));
+}
+
+// The key hashes a prompt's OmniDreams Live nodes carry (the API graph the frontend sends to /prompt).
+function keyHashesIn(output) {
+    const hashes = [];
+    for (const node of Object.values(output || {})) {
+        const hash = node?.class_type === "OmniDreamsLive" ? node.inputs?.key_hash : null;
+        if (typeof hash === "string" && runKeys.has(hash)) hashes.push(hash);
+    }
+    return hashes;
+}
+
+// Marks the keys of each prompt ComfyUI took (a refused prompt's keys go): only those are looked for. Wraps the
+// frontend's api.queuePrompt (number, {output, workflow}, ...), whatever else it does.
+function followQueuedPrompts() {
+    const queuePrompt = api.queuePrompt;
+    if (typeof queuePrompt !== "function" || queuePrompt.omnivideoLive) return;
+    const wrapped = async function (...args) {
+        const hashes = keyHashesIn(args[1]?.output);
+        try {
+            const answer = await queuePrompt.apply(this, args);
+            for (const hash of hashes) {
+                const entry = runKeys.get(hash);
+                if (entry) Object.assign(entry, { queued: true, prompt: answer?.prompt_id ?? null });
+            }
+            for (const panel of panels) if (hashes.length) panel.startFinding();
+            return answer;
+        } catch (err) {
+            for (const hash of hashes) runKeys.delete(hash);
+            throw err;
+        }
+    };
+    wrapped.omnivideoLive = true;
+    api.queuePrompt = wrapped;
+}
 
 // SHA-256 of an ASCII string as 64 hex digits (the key hash). Plain JS: crypto.subtle exists only in a secure
 // context (https or localhost), and ComfyUI on a shared server is often reached over plain http.
@@ -84,6 +132,10 @@ const live = (window.omnivideoLive = { sessions: {} });
 Object.defineProperty(live, "panels", {
     get: () => Object.fromEntries([...panels].map((p) => [String(p.node.id), p.stats])),
 });
+// window.omnivideoLive.runs: the runs whose keys the page holds, without the keys: [{node, queued, prompt}]
+Object.defineProperty(live, "runs", {
+    get: () => [...runKeys.values()].map(({ node, queued, prompt }) => ({ node, queued, prompt: prompt ?? null })),
+});
 
 const wallMs = () => performance.timeOrigin + performance.now();
 
@@ -125,7 +177,6 @@ class LivePanel {
     constructor(node) {
         this.node = node;
         this.session = null; // the session on screen: {session (its id, the key hash), key, fps, width, height, ...}
-        this.keys = new Map(); // key hash -> key, for the runs queued from here that have not started (oldest first)
         this.findTimer = null;
         this.socket = null;
         this.queue = []; // decoded frames waiting for their turn: {index, chunk, serverTime, received, bitmap}
@@ -136,6 +187,7 @@ class LivePanel {
         this.build();
         panels.add(this);
         this.render();
+        this.startFinding(); // a run of this node queued before this panel existed (another tab, a reload)
     }
 
     freshStats(session) {
@@ -226,9 +278,8 @@ class LivePanel {
     newRunKey() {
         const key = newKey();
         const hash = sha256hex(key);
-        this.keys.set(hash, key);
-        while (this.keys.size > MAX_PENDING_KEYS) this.keys.delete(this.keys.keys().next().value);
-        this.startFinding();
+        runKeys.set(hash, { key, node: String(this.node.id), made: Date.now(), queued: false });
+        while (runKeys.size > MAX_KEYS) runKeys.delete(runKeys.keys().next().value);
         return hash;
     }
 
@@ -239,18 +290,18 @@ class LivePanel {
     }
 
     async findOnce() {
-        if (this.active() || !this.keys.size) {
-            if (!this.keys.size) this.stopFinding();
+        const mine = keysOf(this.node);
+        if (this.active() || !mine.length) {
+            if (!mine.length) this.stopFinding();
             return;
         }
-        for (const [hash, key] of [...this.keys].slice(-4)) {
+        for (const [hash, { key }] of mine.slice(0, FIND_AT_ONCE)) {
             try {
                 const res = await api.fetchApi(livePath(hash), { headers: { [KEY_HEADER]: key } });
-                if (res.ok && !this.active()) {
-                    const status = await res.json();
-                    if (status.state !== "ended") this.onSession({ ...status, session: hash, state: status.state });
-                    return;
-                }
+                if (!res.ok || this.active()) continue; // 404: not started yet
+                const status = await res.json();
+                if (status.state === "ended") runKeys.delete(hash);
+                else return this.onSession({ ...status, session: hash, state: status.state });
             } catch (err) {
                 this.stats.error = `status: ${err}`;
             }
@@ -263,8 +314,9 @@ class LivePanel {
     }
 
     onSession(message) {
-        const key = this.keys.get(message.session);
+        const key = runKeys.get(message.session)?.key;
         if (message.state === "ended") {
+            runKeys.delete(message.session);
             if (!this.session || message.session !== this.session.session) return;
             this.stats.state = "ended";
             this.stats.reason = message.reason || null;
@@ -276,7 +328,6 @@ class LivePanel {
         }
         if (key === undefined) return; // not a run of this panel: without its key there is nothing to show
         if (this.session && this.session.session === message.session) return; // found twice
-        this.keys.delete(message.session);
         this.close();
         this.session = { ...message, key };
         this.stats = this.freshStats(message);
@@ -384,12 +435,14 @@ class LivePanel {
             if (session !== this.session) return;
             if (res.status === 404) {
                 if (this.stats.state !== "ended") this.stats.state = "ended"; // forgotten: it ended long ago
+                runKeys.delete(session.session);
                 this.stopPolling();
             } else if (res.ok) {
                 const status = await res.json();
                 this.stats.status = status;
                 if (this.stats.state !== "ended") this.stats.state = status.state;
                 if (status.state === "ended") {
+                    runKeys.delete(session.session);
                     this.stats.state = "ended";
                     this.stats.reason = this.stats.reason || status.reason;
                     this.stopPolling();
@@ -548,6 +601,7 @@ function attachPanel(node) {
 app.registerExtension({
     name: "omnivideo.OmniDreamsLive",
     async setup() {
+        followQueuedPrompts();
         api.addEventListener("omnivideo.live", (e) => {
             const message = e.detail || {};
             if (typeof message.session !== "string") return; // a session nobody steers (no key) or not ours

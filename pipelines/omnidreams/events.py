@@ -24,6 +24,9 @@ MAX_SESSION_EVENTS = 100_000  # events one session (and its record) may hold
 # the bytes a session's events take in its record's header (JSON-escaped, as written): well inside what read_record
 # accepts (64 MiB), so every record a session writes replays; a session that would exceed it refuses further events
 MAX_RECORD_EVENT_BYTES = 16 * 2**20
+# pushed HD-map frames one session takes: each is a row of ~100 bytes in its record's header table (30 MiB at most,
+# beside the events' 16 MiB, inside read_record's 64 MiB); 300k frames are 2.8 hours at 30 fps
+MAX_SESSION_FRAMES = 300_000
 MAX_QUEUED_FRAMES = 64  # pushed HD-map frames waiting to be encoded: 8 chunks
 MAX_QUEUED_FRAME_BYTES = 256 * 2**20  # and their PNG / JPEG bytes together
 MAX_FRAME_BYTES = 16 * 2**20  # one pushed PNG / JPEG

@@ -25,6 +25,7 @@ from .events import (
     MAX_QUEUED_FRAMES,
     MAX_RECORD_EVENT_BYTES,
     MAX_SESSION_EVENTS,
+    MAX_SESSION_FRAMES,
     EventRefused,
     check_event,
     decode_frame,
@@ -73,6 +74,7 @@ class LiveSession(Script):
         self._pending: deque[dict] = deque()
         self._frames: deque[bytes] = deque()
         self._frame_bytes = 0  # of the queued frames
+        self._frames_taken = 0  # pushed frames queued so far (MAX_SESSION_FRAMES)
         self._record_bytes = 0  # the events' share of the record's header so far (MAX_RECORD_EVENT_BYTES)
         self.waited = 0.0  # seconds spent paused or waiting (max_wait)
         self._posted = 0  # event ids
@@ -123,6 +125,12 @@ class LiveSession(Script):
             self._check_open()
             if not self.hdmap_pushed:
                 raise EventRefused("this session reads no pushed HD-map: set OmniDreams Live's hdmap_pushed", 409)
+            if self._frames_taken >= MAX_SESSION_FRAMES:
+                raise EventRefused(
+                    f"this session has taken its {MAX_SESSION_FRAMES} HD-map frames (what its record holds): stop it "
+                    "and queue a new session",
+                    413,
+                )
             if len(self._frames) >= MAX_QUEUED_FRAMES or self._frame_bytes + size > MAX_QUEUED_FRAME_BYTES:
                 raise EventRefused(f"{len(self._frames)} HD-map frames wait already; push after the next chunk", 429)
 
@@ -136,6 +144,7 @@ class LiveSession(Script):
             self.frame_room(len(data))  # a stop, or the queue filled, while it was checked
             self._frames.append(bytes(data))
             self._frame_bytes += len(data)
+            self._frames_taken += 1
             self._last_event = self.clock()
             self._lock.notify_all()
             return len(self._frames)

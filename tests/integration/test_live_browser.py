@@ -260,6 +260,8 @@ def test_live_panel_plays_steers_and_stops(page, comfy_server, vae_file, probe_v
     stats = _wait_stats(page, node_id, "s.session && s.framesShown >= 3", "frames shown", comfy_server, timeout=240)
     marks = {"first frames": time.monotonic() - started}
     assert len(stats["session"]) == 64 and stats["fps"] == 30, _summary(stats)  # the key's SHA-256: its public id
+    runs = page.evaluate("() => window.omnivideoLive.runs")  # the page holds the run's key, taken by /prompt
+    assert [(r["node"], r["queued"]) for r in runs] == [(node_id, True)] and runs[0]["prompt"], runs
     pixels = page.evaluate(CANVAS_PIXELS)
     assert (pixels["width"], pixels["height"]) == (WIDTH, HEIGHT), pixels
     assert pixels["max"] - pixels["min"] > 8, f"the player shows a blank picture: {pixels}"
@@ -320,6 +322,8 @@ def test_live_panel_plays_steers_and_stops(page, comfy_server, vae_file, probe_v
     (again,) = [n["inputs"] for n in queued_again["output"].values() if n["class_type"] == "OmniDreamsLive"]
     assert len(again["key_hash"]) == 64 and again["key_hash"] != stats["session"]  # each run gets a key of its own
     assert again["key_hash"] not in queued_again["workflow"] and stats["session"] not in queued_again["workflow"]
+    runs = page.evaluate("() => window.omnivideoLive.runs")  # the ended run's key is gone; the new one is not queued
+    assert [(r["node"], r["queued"]) for r in runs] == [(node_id, False)], runs
     (video,) = sorted(comfy_server.output_dir.glob(prefix + "*.mp4"))
     info = probe_video(comfy_server.python, video)
     assert chunks > switch_chunk, (chunks, switch_chunk)

@@ -234,7 +234,14 @@ def test_a_stranger_who_takes_the_client_id_gets_no_key_and_is_refused(comfy_ser
     prompt_id = json.loads(answer)["prompt_id"]
     pending = comfy_server.get_json("/queue")["queue_pending"]
     (client_id,) = [item[3]["client_id"] for item in pending if item[1] == prompt_id]  # public
+    (copied,) = [n["inputs"]["key_hash"] for item in pending if item[1] == prompt_id for n in item[2].values()
+                 if n["class_type"] == "OmniDreamsLive"]  # fmt: skip
     stranger = websocket.create_connection(_ws_url(comfy_server, f"/ws?clientId={client_id}"), timeout=120)
+    # the stranger's own prompt with the victim's key_hash, queued first: the victim's key must not open it
+    front = graph(live_files, live_node(f"omnidreams/live_copy_{tag}", chunks=1, key_hash=copied))
+    status, answer = comfy_server.request("/prompt", {"prompt": front, "client_id": uuid.uuid4().hex, "front": True})
+    assert status == 200, answer[:500]
+    copy_id = json.loads(answer)["prompt_id"]
     first.post({"type": "stop"})
     assert first.end() == "execution_success"
     raw = ""
@@ -262,8 +269,15 @@ def test_a_stranger_who_takes_the_client_id_gets_no_key_and_is_refused(comfy_ser
     entry = comfy_server.wait(prompt_id, timeout=120)
     stranger.close()
     assert entry["status"]["status_str"] == "success", entry["status"]
+    copy = comfy_server.wait(copy_id, timeout=60)["status"]
+    assert copy["status_str"] == "error" and "another queued prompt carries this key_hash" in json.dumps(copy)
+    again = comfy_server.wait(comfy_server.queue(front), timeout=60)["status"]  # and once its session has ended
+    assert again["status_str"] == "error" and "already named a live session" in json.dumps(again)
     assert key not in json.dumps(comfy_server.get_json("/history")) and key not in comfy_server.log()
-    report.append("live: a stranger with the victim's client_id got the session id only; 20 requests with guesses 403")
+    report.append(
+        "live: a stranger with the victim's client_id got the session id only; 20 requests with guesses 403; its "
+        "key_hash copied into a prompt queued first, and again later, refused"
+    )
 
 
 def _black_png(side: int) -> bytes:

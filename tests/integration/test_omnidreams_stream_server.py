@@ -144,7 +144,11 @@ def test_interrupt_keeps_every_finished_chunk_playable(comfy_server, stream_file
     assert events[-1][0] == "execution_interrupted", events[-1]
     (video,) = videos(comfy_server, prefix)
     frames = probe_video(comfy_server.python, video)["frames"]
-    assert frames == 5 + 8 * (len(previews) - 1), (frames, len(previews))  # every finished chunk, nothing partial
+    chunks, partial = divmod(frames - 5, 8)
+    assert partial == 0, frames  # whole chunks only: 5 frames, then 8 a chunk
+    # every chunk previewed is in the file; so may be one more: ComfyUI's progress hook takes the cancel before it
+    # sends the preview of a chunk already written (a /interrupt that lands between the two, likelier under load)
+    assert chunks + 1 in (len(previews), len(previews) + 1), (frames, len(previews))
     assert len(previews) < 60
     assert "frames kept in" in comfy_server.log()
     report.append(f"stream: /interrupt after {len(previews)} chunks -> {video.name} plays {frames} frames")
