@@ -19,8 +19,8 @@ from .omnidreams_stream import (
     HDMAP_INPUT,
     MAX_CHUNKS,
     STATE_EXT,
+    VALIDATE_STREAM_INPUTS,
     StreamRun,
-    _checked_resume_from,
     _in_output,
     pixel_size,
     prompt_encoder,
@@ -45,22 +45,6 @@ def max_wait_limit() -> int:
         return max(5, min(MAX_IDLE_TIMEOUT, int(os.environ.get(MAX_WAIT_VARIABLE, MAX_IDLE_TIMEOUT))))
     except ValueError:
         return MAX_IDLE_TIMEOUT
-
-
-def _checked_key_hash(key_hash) -> bool | str:
-    return True if not isinstance(key_hash, str) else check_key_hash(key_hash) or True
-
-
-def _validate_inputs(cls, resume_from=None, key_hash=None):
-    return safe_paths.refusals(_checked_resume_from(resume_from), _checked_key_hash(key_hash))
-
-
-def _validate_inputs_and_combos(cls, resume_from=None, key_hash=None, fusion=None):
-    return safe_paths.refusals(
-        _checked_resume_from(resume_from),
-        _checked_key_hash(key_hash),
-        safe_paths.validated_choices(cls, fusion=fusion),
-    )
 
 
 class OmniDreamsLive(io.ComfyNode):
@@ -130,8 +114,7 @@ class OmniDreamsLive(io.ComfyNode):
             outputs=[io.Video.Output(display_name="video")],
         )
 
-    # the Stream's checks (see VALIDATE_STREAM_INPUTS: where core passes any combo value on, fusion too) and key_hash
-    validate_inputs = classmethod(_validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos)
+    validate_inputs = VALIDATE_STREAM_INPUTS  # key_hash is checked first thing in execute (one named input at most)
 
     @classmethod
     def execute(

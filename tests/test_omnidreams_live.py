@@ -391,3 +391,11 @@ def test_a_running_sessions_files_are_not_listed_or_guessed():
     assert first.startswith("omnidreams/live_") and len(first) == len("omnidreams/live_") + 16 and first != second
     assert unlisted_prefix("live").startswith("omnidreams/live_")  # never at the top, which /internal/files lists
     assert unlisted_prefix("runs\\live").startswith("runs\\live_")  # a Windows path
+
+
+@pytest.mark.parametrize("key_hash", ["nothex", "A" * 64, "0" * 63, "../" + "0" * 61])
+def test_a_malformed_key_hash_is_refused_before_anything_runs(key_hash):
+    from omnivideo.nodes.omnidreams_live import OmniDreamsLive
+
+    with pytest.raises(ValueError, match="key_hash must be empty or the SHA-256"):
+        OmniDreamsLive.execute(model=None, conditioning=None, vae=None, key_hash=key_hash)
