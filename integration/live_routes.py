@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .. import compat
 from ..pipelines.omnidreams.events import (
     KEY_HEADER,
     KEY_PROTOCOL,
@@ -50,16 +51,23 @@ _sessions: OrderedDict[str, LiveEntry] = OrderedDict()
 # every id a session has had on this server (64 hex digits each: ~10 MiB at the cap, the oldest forgotten first)
 _used: OrderedDict[str, None] = OrderedDict()
 MAX_USED_IDS = 100_000
+ONE_KEY_EACH = (
+    "each session needs a key of its own (the panel makes one for every run; a program makes a new key for each prompt)"
+)
 
 
 def claim(session_id: str) -> None:
-    """Take an id for a session about to open (before anything heavy). An id names one session only: a key_hash
-    copied from /queue or /history into another prompt must not make its owner's key open a stranger's session."""
+    """Take an id for a session about to open, in the running prompt (before anything heavy). An id names one
+    session only: a key_hash is public (/queue, /history), and one copied into another prompt, even one queued
+    ahead of its owner's, must not make the owner's key open a stranger's session. So it is refused while another
+    queued or running prompt carries it, and once a session has had it."""
+    mine = (compat.running_node() or ("",))[0]
+    for prompt_id, graph in compat.queued_prompts():
+        inputs = [node.get("inputs") for node in graph.values() if isinstance(node, dict)]
+        if prompt_id != mine and any(isinstance(i, dict) and i.get("key_hash") == session_id for i in inputs):
+            raise ValueError(f"another queued prompt carries this key_hash: {ONE_KEY_EACH}")
     if session_id in _used:
-        raise ValueError(
-            "this key_hash already named a live session on this server: each session needs a key of its own (the "
-            "panel makes one for every run; a program makes a new key for each prompt)"
-        )
+        raise ValueError(f"this key_hash already named a live session on this server: {ONE_KEY_EACH}")
     _used[session_id] = None
     while len(_used) > MAX_USED_IDS:
         _used.popitem(last=False)

@@ -146,7 +146,6 @@ class OmniDreamsLive(io.ComfyNode):
         if not key_hash and hdmap_pushed:
             raise ValueError("hdmap_pushed needs a key_hash: frames can be pushed only with the session's key")
         if key_hash:
-            _refuse_a_shared_key(key_hash)
             live_routes.claim(key_hash)
         encode = None if text_encoder is None else prompt_encoder(text_encoder, "OmniDreams Live's text_encoder")
         run = StreamRun(model, unlisted_prefix(filename_prefix), save_state_as, resume_from)
@@ -235,24 +234,6 @@ def unlisted_prefix(prefix: str) -> str:
     output folder's top-level files to anyone at /internal/files/output), `omnidreams/` for a prefix without one."""
     folder = os.path.dirname(prefix.replace("\\", "/"))
     return f"{prefix if folder else 'omnidreams/' + prefix}_{secrets.token_hex(8)}"
-
-
-def _refuse_a_shared_key(key_hash: str) -> None:
-    """A key_hash is public (/queue, /history): a stranger may copy a waiting prompt's into a prompt of their own and
-    queue it first, so that the owner's key would open the stranger's session. Refused while another queued or
-    running prompt carries the same key_hash; afterwards `live_routes.claim` refuses an id that named a session."""
-    running = compat.running_node()
-    this_prompt = running[0] if running else None
-    for prompt_id, graph in compat.queued_prompts():
-        if prompt_id == this_prompt:
-            continue
-        for node in graph.values():
-            inputs = node.get("inputs") if isinstance(node, dict) else None
-            if isinstance(inputs, dict) and inputs.get("key_hash") == key_hash:
-                raise ValueError(
-                    "another queued prompt carries this key_hash: each session needs a key of its own (the panel "
-                    "makes one for every run; a program makes a new key for each prompt)"
-                )
 
 
 def _save_record(run: StreamRun, session: LiveSession, seed: int, size, hdmap) -> str | None:
