@@ -411,6 +411,27 @@ def add_lora(patcher, lora: dict, key_map: dict, strength: float):
     return clone
 
 
+def device_clones(patcher, devices: list) -> dict:
+    """{device: diffusion model} of ComfyUI's own copies of a MODEL on other devices (core >= 0.33:
+    `deepclone_multigpu` rebuilds the weights from the loader's own factory). They sit in the MODEL's "multigpu"
+    additional models, so ComfyUI loads them with it, gives them the MODEL's patches before each run
+    (`match_multigpu_clones`: LoRAs loaded after this too) and unloads them with it; they are not MultiGPU *base*
+    clones, so core's CFG split stays off. Raises where this ComfyUI cannot copy a MODEL per device."""
+    if not hasattr(patcher, "deepclone_multigpu"):
+        raise ValueError(
+            "this ComfyUI cannot copy a model to other devices (ModelPatcher.deepclone_multigpu came with ComfyUI "
+            "0.33's comfy/multigpu.py): update ComfyUI to split a model over several GPUs"
+        )
+    clones = list(patcher.get_additional_models_with_key("multigpu"))
+    if any(getattr(c, "is_multigpu_base_clone", False) for c in clones):
+        raise ValueError("this MODEL already went through ComfyUI's MultiGPU CFG Split: use that or this node")
+    have = {c.load_device for c in clones}
+    clones += [patcher.deepclone_multigpu(new_load_device=d) for d in devices if d not in have]
+    patcher.set_additional_models("multigpu", clones)
+    patcher.match_multigpu_clones()
+    return {c.load_device: c.model.diffusion_model for c in patcher.get_additional_models_with_key("multigpu")}
+
+
 def load_models(patchers: list, memory_required: int = 0) -> None:
     """Bring models to their load device through ComfyUI (evicting others, loading partially if the budget
     says so); `memory_required` is the activation memory the caller's run needs beside the weights."""

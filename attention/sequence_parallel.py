@@ -3,6 +3,10 @@ tokens of a slice of the heads with one all-to-all, and trades back afterwards.
 
 Slices follow `torch.tensor_split` (the first `S % N` ranks hold one row more), diffusers' rule for a sequence of
 any length (its `ulysses_anything`), so no sequence is ever padded; the heads must divide evenly.
+
+The ranks are processes of a torch.distributed group (`group`: a process group or None, the default one) or threads
+of one process (`group`: an object with `all_to_all_single(recv, send, out_splits, in_splits)` and
+`all_gather(parts, tensor)`, parallel/threads.ThreadRank): the same two collectives either way.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ class SequenceShard:
 
     rank: int = 0
     size: int = 1
-    group: Any = None  # the torch.distributed process group; None = the default one
+    group: Any = None  # the torch.distributed process group (None = the default one), or a ThreadRank
+
+    def _all_to_all_single(self, recv, send, out_splits, in_splits) -> None:
+        if hasattr(self.group, "all_to_all_single"):
+            self.group.all_to_all_single(recv, send, out_splits, in_splits)
+        else:
+            dist.all_to_all_single(recv, send, out_splits, in_splits, group=self.group)
 
     def check_heads(self, heads: int) -> None:
         if heads % self.size:
@@ -57,7 +67,10 @@ class SequenceShard:
         padded = x.new_zeros((sizes[0], *x.shape[1:]))  # equal pieces for all_gather (gloo's needs them)
         padded[: x.shape[0]] = x
         parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded, group=self.group)
+        if hasattr(self.group, "all_gather"):
+            self.group.all_gather(parts, padded)
+        else:
+            dist.all_gather(parts, padded, group=self.group)
         parts = [p[:n] for p, n in zip(parts, sizes)]
         return torch.cat(parts).movedim(0, dim)
 
@@ -71,9 +84,7 @@ class SequenceShard:
         sizes = slice_sizes(total, n)
         per_row = b * (heads // n) * d
         recv = x.new_empty(total * per_row)
-        dist.all_to_all_single(
-            recv, send.reshape(-1), [s * per_row for s in sizes], [rows * per_row] * n, group=self.group
-        )
+        self._all_to_all_single(recv, send.reshape(-1), [s * per_row for s in sizes], [rows * per_row] * n)
         pieces = recv.split([s * per_row for s in sizes])
         return torch.cat([p.view(b, s, heads // n, d) for p, s in zip(pieces, sizes)], dim=1)
 
@@ -94,7 +105,7 @@ class SequenceShard:
         per_row = b * local_heads * d
         send = torch.cat([p.contiguous().reshape(-1) for p in x.split(sizes, dim=1)])  # by destination rank
         recv = x.new_empty(n * rows * per_row)
-        dist.all_to_all_single(recv, send, [rows * per_row] * n, [s * per_row for s in sizes], group=self.group)
+        self._all_to_all_single(recv, send, [rows * per_row] * n, [s * per_row for s in sizes])
         # from rank j: this rank's rows of heads j*H/N ... (j+1)*H/N
         return recv.view(n, b, rows, local_heads, d).permute(1, 2, 0, 3, 4).reshape(b, rows, n * local_heads, d)
 

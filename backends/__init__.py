@@ -3,10 +3,12 @@ themselves from their own packages (attention/registrations.py, kernels/registra
 
 from .distributed import (
     device_count,
+    device_scope,
     loopback_environment,
     process_group_backend,
     rank_device,
     release_cached_memory,
+    thread_rank_devices,
 )
 from .platform import (
     DTYPE_CHOICES,
@@ -40,4 +42,6 @@ __all__ = [
     "process_group_backend",
     "rank_device",
     "release_cached_memory",
+    "device_scope",
+    "thread_rank_devices",
 ]

@@ -6,6 +6,7 @@ for device tensors (NCCL on CUDA, HCCL on Ascend) and gloo for CPU tensors (the 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 
@@ -42,6 +43,26 @@ def rank_device(platform: Platform, local_rank: int) -> torch.device:
     device = torch.device(platform.name, local_rank)
     getattr(torch, platform.name).set_device(device)
     return device
+
+
+def thread_rank_devices(first: torch.device, count: int) -> list[torch.device]:
+    """The devices of `count` ranks that are threads of this process, rank 0 on `first` (where ComfyUI loaded the
+    model): on the CPU all of them share it; on an accelerator the next devices of its kind, in index order."""
+    first = torch.device(first)
+    if first.type == "cpu":
+        return [first] * count
+    available = getattr(torch, first.type).device_count()
+    if count > available:
+        raise ValueError(f"{count} ranks need {count} {first.type} devices; this machine has {available}")
+    index = first.index if first.index is not None else getattr(torch, first.type).current_device()
+    others = [i for i in range(available) if i != index]
+    return [torch.device(first.type, index)] + [torch.device(first.type, i) for i in others[: count - 1]]
+
+
+def device_scope(device: torch.device):
+    """Makes `device` the current one of its kind for a thread's work there (nothing to do on the CPU)."""
+    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    return module.device(device) if module is not None and hasattr(module, "device") else contextlib.nullcontext()
 
 
 IFF_LOOPBACK = 0x8  # linux/if.h

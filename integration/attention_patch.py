@@ -52,7 +52,33 @@ from ..backends.log_once import log_once
 log = logging.getLogger("omnivideo")
 
 LAYOUT_KEY = "omnivideo_attention_layout"
-_ARG_NAMES = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+ARG_NAMES = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+
+
+def call_arguments(args, kwargs) -> dict:
+    """An attention override's call (ComfyUI passes q, k, v, heads positionally or by name) by argument name."""
+    call = dict(zip(ARG_NAMES, args))
+    call.update((n, kwargs[n]) for n in ARG_NAMES if n in kwargs)
+    return call
+
+
+def forward_options(args, kwargs) -> dict | None:
+    """The transformer_options of a DIFFUSION_MODEL call (core passes them by name or positionally after x)."""
+    opts = kwargs.get("transformer_options")
+    if not isinstance(opts, dict):
+        opts = next((a for a in args[1:] if isinstance(a, dict)), None)
+    return opts
+
+
+def call_below(previous, original, args, kwargs):
+    """A call answered as without the override that declines it: the override below it, else ComfyUI's function
+    (through the call's preferred backend, as core's wrap_attn does)."""
+    if previous is not None:
+        return previous(original, *args, **kwargs)
+    preferred = kwargs.get("preferred_attention")
+    if getattr(preferred, "function", None) is not None:
+        return preferred.function(*args, **{k: v for k, v in kwargs.items() if k != "preferred_attention"})
+    return original(*args, **kwargs)
 
 
 def patch_grid(latent_shape, model) -> tuple[int, int, int] | None:
@@ -159,14 +185,8 @@ class NativeAttentionPatch:
         return self
 
     def decline(self, original, args, kwargs):
-        """A call ours does not take, answered as without us: the override below ours, else ComfyUI's function (through
-        the call's preferred backend, as core's wrap_attn does)."""
-        if self.previous is not None:
-            return self.previous(original, *args, **kwargs)
-        preferred = kwargs.get("preferred_attention")
-        if getattr(preferred, "function", None) is not None:
-            return preferred.function(*args, **{k: v for k, v in kwargs.items() if k != "preferred_attention"})
-        return original(*args, **kwargs)
+        """A call ours does not take, answered as without us."""
+        return call_below(self.previous, original, args, kwargs)
 
     def _notice_others(self, opts: dict) -> None:
         """What else sits on this forward's MODEL: an override above ours, blocks another patch replaces."""
@@ -188,9 +208,7 @@ class NativeAttentionPatch:
 
     # DIFFUSION_MODEL wrapper: wrapper(executor, x, timestep, ..., transformer_options, ...)
     def wrapper(self, executor, *args, **kwargs):
-        opts = kwargs.get("transformer_options")
-        if not isinstance(opts, dict):
-            opts = next((a for a in args[1:] if isinstance(a, dict)), None)
+        opts = forward_options(args, kwargs)
         if opts is None:
             return executor(*args, **kwargs)
         self._notice_others(opts)
@@ -202,8 +220,7 @@ class NativeAttentionPatch:
             opts.pop(LAYOUT_KEY, None)
 
     def override(self, original, *args, **kwargs):
-        call = dict(zip(_ARG_NAMES, args))
-        call.update((n, kwargs[n]) for n in _ARG_NAMES if n in kwargs)
+        call = call_arguments(args, kwargs)
         q, k, v = call.get("q"), call.get("k"), call.get("v")
         opts = kwargs.get("transformer_options") or {}
         heads = call.get("heads")

@@ -12,7 +12,7 @@ from .lora import OmniVideoLoRA
 from .omnidreams import NODES as OMNIDREAMS_NODES
 from .omnidreams_live import NODES as LIVE_NODES
 from .omnidreams_stream import NODES as STREAM_NODES
-from .parallel import OmniVideoParallel
+from .parallel import OmniVideoParallel, OmniVideoSequenceParallel
 from .sampler import OmniVideoSampler
 from .wan_vae_decode import OmniVideoWanVAEDecode
 
@@ -23,6 +23,7 @@ NODES: list[Any] = [
     OmniVideoPatchModelAttention,
     OmniVideoSampler,
     OmniVideoParallel,
+    OmniVideoSequenceParallel,
     OmniVideoLoRA,
     *OMNIDREAMS_NODES,
     *STREAM_NODES,

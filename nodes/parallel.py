@@ -1,10 +1,13 @@
-"""OmniVideo Parallel: run a model's sampler over several devices (context / sequence parallel)."""
+"""OmniVideo Parallel: run a model's sampler over several devices (context / sequence parallel); OmniVideo Sequence
+Parallel: the same for ComfyUI's own MODEL (Wan, MiniMax-H3), each forward split under core's samplers."""
 
 from __future__ import annotations
 
+from .. import compat
 from ..attention.sequence_parallel import SequenceShard
-from ..backends import PLATFORM, device_count
+from ..backends import PLATFORM, device_count, thread_rank_devices
 from ..compat import io
+from ..integration.core_sequence_parallel import WRAPPER_KEY, SequenceSplit, plan_for
 from ..models.handles import FAMILIES
 from ..parallel.pool import describe_pool
 from ..parallel.rendezvous import operator_ranks
@@ -53,3 +56,48 @@ class OmniVideoParallel(io.ComfyNode):
         if world_size > 1:
             START_WORKERS[family](parallel)  # start now, so a missing file or device shows at this node
         return io.NodeOutput(parallel, ui={"text": [describe_pool()]})
+
+
+MAX_DEVICES = 8
+
+
+class OmniVideoSequenceParallel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="OmniVideoSequenceParallel",
+            display_name="OmniVideo Sequence Parallel (MODEL)",
+            category="OmniVideo/utils",
+            description=(
+                "Splits every forward of ComfyUI's own Wan 2.1 / 2.2 or MiniMax-H3 MODEL over several devices: each "
+                "device holds the model (ComfyUI's own copy, with the same LoRAs and patches) and a slice of the "
+                "token sequence; attention trades the slice for whole heads (Ulysses) and back; the output equals "
+                "one device's. Put it after the loader, LoRA and attention-patch nodes, before the sampler: every "
+                "core sampler, scheduler, CFG / guider and guide works above it. devices must divide the heads "
+                "(Wan 14B: 40, 1.3B / 5B: 12 / 24, H3: 48). On the CPU the ranks are threads sharing one copy "
+                "(for testing: no faster). 1 = the model unchanged."
+            ),
+            inputs=[
+                io.Model.Input("model"),
+                io.Int.Input("devices", default=2, min=1, max=MAX_DEVICES),
+            ],
+            outputs=[io.Model.Output(display_name="model")],
+            **compat.search_aliases("multi gpu", "ulysses", "sequence parallel", "several GPUs"),
+        )
+
+    @classmethod
+    def execute(cls, model, devices=2) -> io.NodeOutput:
+        plan = plan_for(model.model.diffusion_model, devices)  # refuses unknown models and indivisible heads here
+        if devices == 1:
+            return io.NodeOutput(model, ui={"text": [f"{plan.name} on one device (unchanged)"]})
+        ranks = thread_rank_devices(model.load_device, devices)
+        split = model.clone()
+        others = [d for d in ranks[1:] if d != ranks[0]]
+        replicas = compat.device_clones(split, others) if others else {}
+        opts = split.model_options.setdefault("transformer_options", {})
+        sequence = SequenceSplit(plan, ranks, replicas, previous=opts.get("optimized_attention_override"))
+        opts["optimized_attention_override"] = sequence.override
+        split.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)
+        split.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, sequence.wrapper)
+        where = ", ".join(str(d) for d in ranks)
+        return io.NodeOutput(split, ui={"text": [f"{plan.name} split over {devices} ranks: {where}"]})

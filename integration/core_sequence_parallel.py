@@ -1,0 +1,374 @@
+"""One forward of ComfyUI's own video models (Wan 2.1 / 2.2, MiniMax-H3) split over several devices: Ulysses
+sequence parallelism on core's MODEL, with everything above the forward left to core.
+
+The pieces are ComfyUI's hooks and torch's: a DIFFUSION_MODEL wrapper runs the forward once per rank (a thread per
+device, parallel/threads; rank 0 in ComfyUI's execution thread), each rank on its own copy of the model (core's
+per-device clone, or on the CPU the one module); module hooks on the model's blocks give each rank its contiguous
+slice of the token sequence where the blocks begin (with its rows of the rotary table, of per-token modulation, of
+H3's modulation segments) and gather the rows back in front of the final layer; the attention override trades rows
+for heads around each self-attention call (attention/sequence_parallel.SequenceShard, the same all-to-all as the
+pack's own pipelines) and hands the call below it - the override that was on the MODEL before (OmniVideo Patch Model
+Attention's RainFusion then plans the heads this rank holds), else ComfyUI's attention - all rows of H/N heads.
+
+Which rows a rank holds is per thread (`_rank`), so the hooks do nothing in a forward that is not split (another
+MODEL sharing the module, core's MultiGPU CFG threads). A forward that does not reach the final layer, a block
+patched by someone else, an attention override above ours (it would see a slice of the rows) or core's CFG split
+at the same time are refused with a message, never run silently wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import compat
+from ..attention.sequence_parallel import SequenceShard
+from ..backends import device_scope
+from ..parallel.threads import RankAborted, run_ranks
+from .attention_patch import call_arguments, call_below, forward_options, override_name
+
+WRAPPER_KEY = "omnivideo_sequence_parallel"
+
+_rank = threading.local()  # .state: this thread's RankState while it runs a split forward
+
+
+@dataclass
+class RankState:
+    """One rank's view of the forward it runs: the shard, the full sequence's rows once the blocks began."""
+
+    plan: SplitPlan
+    shard: SequenceShard
+    total: int | None = None  # rows of the full sequence; None until the first block
+    gathered: bool = False
+    in_self_attention: bool = False
+    _sliced: dict = field(default_factory=dict)  # id(full table) -> (table, this rank's rows)
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        assert self.total is not None
+        return self.shard.bounds(self.total)
+
+    def rows(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's rows of a full-sequence tensor (the same table reaches every block: sliced once)."""
+        hit = self._sliced.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        if t.shape[dim] != self.total:
+            raise ValueError(
+                f"OmniVideo Sequence Parallel: a {self.plan.name} block got a table of {t.shape[dim]} rows for a "
+                f"sequence of {self.total}; this model's forward is not one it knows how to split"
+            )
+        local = take_rows(self, t, dim)
+        self._sliced[id(t)] = (t, local)
+        return local
+
+    def expanded(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """A per-frame table repeated to one row per token (as Wan's repeat_e does over the full sequence)."""
+        assert self.total is not None
+        if t.shape[dim] == self.total:
+            return t
+        hit = self._sliced.get(("expanded", id(t)))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        if self.total % t.shape[dim]:
+            raise ValueError(
+                f"OmniVideo Sequence Parallel: {t.shape[dim]} per-frame timesteps for {self.total} rows; this "
+                f"{self.plan.name} forward is not one it knows how to split"
+            )
+        full = torch.repeat_interleave(t, self.total // t.shape[dim], dim=dim)
+        self._sliced[("expanded", id(t))] = (t, full)
+        return full
+
+
+def take_rows(state: RankState, t: torch.Tensor, dim: int) -> torch.Tensor:
+    """The rows a rank computes: its `tensor_split` slice (module-level so a test can make a rank take wrong rows)."""
+    return state.shard.split(t, dim)
+
+
+def current() -> RankState | None:
+    return getattr(_rank, "state", None)
+
+
+# ------------------------------------------------------------------ what each model's forward looks like
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Where a core model's sequence is split and gathered (diffusers' `_cp_plan` in spirit): its blocks, each
+    block's self-attention, the final layer, and how a block's arguments become this rank's."""
+
+    name: str
+    self_attention: str  # attribute of a block
+    final: str  # attribute of the model: its input is gathered
+    heads: Callable[[torch.nn.Module], int]
+    shard_block: Callable[[RankState, tuple, dict], tuple[tuple, dict]]
+    gather_final: Callable[[RankState, tuple, dict], tuple[tuple, dict]]
+
+
+def _begin(state: RankState, x: torch.Tensor, dim: int) -> torch.Tensor:
+    if state.total is None:
+        state.total = x.shape[dim]
+        return take_rows(state, x, dim)
+    start, stop = state.bounds
+    if x.shape[dim] != stop - start:
+        raise ValueError(f"OmniVideo Sequence Parallel: a {state.plan.name} block got {x.shape[dim]} rows, not a slice")
+    return x
+
+
+def _wan_block(state: RankState, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    # WanAttentionBlock(x, e=e0, freqs=..., context=..., context_img_len=..., transformer_options=...)
+    x = _begin(state, args[0], 1)
+    kwargs = dict(kwargs)
+    kwargs["freqs"] = state.rows(kwargs["freqs"], 1)  # [1, L, 1, d/2, 2, 2]
+    e = kwargs.get("e")
+    if isinstance(e, torch.Tensor) and e.dim() == 4 and e.shape[1] > 1:
+        # Wan 2.2 (5B) with a denoise mask: a timestep per latent frame, [B, T, 6, D], which the block repeats over
+        # each frame's rows (repeat_e): give this rank one row per token it holds
+        kwargs["e"] = state.rows(state.expanded(e, 1), 1)
+    return (x, *args[1:]), kwargs
+
+
+def _wan_head(state: RankState, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    # Head(x, e): the full sequence again (e stays the model's: per token it is already full)
+    assert state.total is not None
+    return (state.shard.gather(args[0], 1, state.total), *args[1:]), kwargs
+
+
+def _h3_block(state: RankState, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    # DiTBlock(h [S, hidden], t_emb, mod_segments [(start, stop, row)], rope_freqs [1, S, 1, r, 2, 2])
+    h, t_emb, segments, rope = args[:4]
+    h = _begin(state, h, 0)
+    start, stop = state.bounds
+    local = [(max(a, start) - start, min(b, stop) - start, row) for a, b, row in segments if b > start and a < stop]
+    return (h, t_emb, local, state.rows(rope, 1), *args[4:]), kwargs
+
+
+def _h3_final(state: RankState, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    # FinalLayer(h, t_emb, video_seg, audio_seg): segments in packed-sequence rows, so the whole h
+    assert state.total is not None
+    return (state.shard.gather(args[0], 0, state.total), *args[1:]), kwargs
+
+
+PLANS = {
+    # exact classes: Wan's subclasses (VACE, camera, S2V, HuMo, Animate) add full-sequence inputs inside the blocks
+    ("comfy.ldm.wan.model", "WanModel"): SplitPlan(
+        "Wan", "self_attn", "head", lambda m: int(m.num_heads), _wan_block, _wan_head
+    ),
+    ("comfy.ldm.minimax.model", "MiniMaxH3Model"): SplitPlan(
+        "MiniMax-H3", "attn", "final_layer", lambda m: int(m.blocks[0].attn.heads), _h3_block, _h3_final
+    ),
+}
+
+
+def plan_for(diffusion_model: torch.nn.Module, size: int) -> SplitPlan:
+    """The plan for this core model split over `size` ranks, or a ValueError that says why it cannot be."""
+    cls = type(diffusion_model)
+    plan = PLANS.get((cls.__module__, cls.__name__))
+    if plan is None:
+        known = ", ".join(f"{name} ({module})" for module, name in PLANS)
+        raise ValueError(
+            f"OmniVideo Sequence Parallel cannot split {cls.__name__} ({cls.__module__}): it splits ComfyUI's own "
+            f"{known}. Other models (and Wan's VACE / camera / S2V variants, whose blocks take full-sequence inputs) "
+            "run on one device: remove this node"
+        )
+    heads = plan.heads(diffusion_model)
+    if heads % size:
+        raise ValueError(
+            f"OmniVideo Sequence Parallel: {plan.name} has {heads} attention heads, which {size} devices cannot share "
+            f"(Ulysses gives each device whole heads): use a device count that divides {heads}"
+        )
+    return plan
+
+
+# ------------------------------------------------------------------ hooks on the model's modules
+
+_hooks_lock = threading.Lock()
+HOOKS_ATTR = "_omnivideo_sequence_hooks"
+
+
+def _block_hook(module, args, kwargs):
+    state = current()
+    return None if state is None else state.plan.shard_block(state, args, kwargs)
+
+
+def _final_hook(module, args, kwargs):
+    state = current()
+    if state is None or state.total is None:
+        return None
+    state.gathered = True
+    return state.plan.gather_final(state, args, kwargs)
+
+
+def _attention_enter(module, args, kwargs):
+    state = current()
+    if state is not None:
+        state.in_self_attention = True
+
+
+def _attention_leave(module, args, kwargs, output):
+    state = current()
+    if state is not None:
+        state.in_self_attention = False
+
+
+def install_hooks(diffusion_model: torch.nn.Module, plan: SplitPlan) -> None:
+    """Once per module (shared by every MODEL clone of it): hooks that act only in a thread running a split forward."""
+    with _hooks_lock:
+        if getattr(diffusion_model, HOOKS_ATTR, False):
+            return
+        for block in diffusion_model.blocks:
+            block.register_forward_pre_hook(_block_hook, with_kwargs=True)
+            attention = getattr(block, plan.self_attention)
+            attention.register_forward_pre_hook(_attention_enter, with_kwargs=True)
+            attention.register_forward_hook(_attention_leave, with_kwargs=True)
+        getattr(diffusion_model, plan.final).register_forward_pre_hook(_final_hook, with_kwargs=True)
+        setattr(diffusion_model, HOOKS_ATTR, True)
+
+
+# ------------------------------------------------------------------ the wrapper and the override
+
+
+def _to_device(value, device: torch.device, keep):
+    if value is keep:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device, keep) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device, keep) for k, v in value.items()}
+    return value
+
+
+def _rank_options(opts: dict) -> dict:
+    """A rank's own transformer_options: the forward writes into them (block index, a patch's per-forward record)."""
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in opts.items()}
+
+
+class SequenceSplit:
+    """The wrapper and the override of one MODEL split over `devices` (rank r on devices[r]). `replicas`: the
+    diffusion model each other device runs (core's per-device clones); absent devices run the MODEL's own module.
+    `previous`: the attention override that was on the MODEL before; it gets every call, ours with fewer heads."""
+
+    def __init__(self, plan: SplitPlan, devices: list[torch.device], replicas: dict | None = None, previous=None):
+        owner = getattr(previous, "__self__", None)
+        if isinstance(owner, SequenceSplit):  # splitting a split MODEL again replaces it
+            previous = owner.previous
+        self.plan, self.devices, self.replicas, self.previous = plan, devices, replicas or {}, previous
+        self.forwards = 0  # forwards run split (rank 0 counts them; Backend Info, tests)
+
+    def __deepcopy__(self, memo):  # MODEL.clone() deep-copies model_options: one split, its replicas not copied
+        return self
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+    def refuse_others(self, opts: dict) -> None:
+        """What makes a split forward wrong, said before it runs."""
+        top = opts.get("optimized_attention_override")
+        if getattr(top, "__self__", None) is not self:
+            raise ValueError(
+                f"OmniVideo Sequence Parallel: the attention override {override_name(top)} was installed after it "
+                "and would see one device's slice of the sequence: apply that patch before OmniVideo Sequence "
+                "Parallel (nearer the model loader)"
+            )
+        replaced = (opts.get("patches_replace") or {}).get("dit") or {}
+        if replaced:
+            raise ValueError(
+                f"OmniVideo Sequence Parallel: {len(replaced)} block(s) of this model are replaced by another patch "
+                "(patches_replace 'dit'), which would run on one device's slice: remove that patch or this node"
+            )
+        if (opts.get("patches") or {}).get("double_block"):
+            raise ValueError(
+                "OmniVideo Sequence Parallel: a 'double_block' patch reads each block's whole output, which no "
+                "device holds: remove that patch or this node"
+            )
+        if "multigpu_thread_device" in opts:
+            raise ValueError(
+                "OmniVideo Sequence Parallel with ComfyUI's MultiGPU CFG Split: both would use the same devices at "
+                "once; use one of them"
+            )
+
+    # DIFFUSION_MODEL wrapper: wrapper(executor, x, timestep, context, ..., transformer_options, ...)
+    def wrapper(self, executor, *args, **kwargs):
+        opts = forward_options(args, kwargs)
+        if opts is None or current() is not None or self.size == 1:
+            return executor(*args, **kwargs)
+        self.refuse_others(opts)
+        model = executor.class_obj
+        install_hooks(model, self.plan)
+        here = self.devices[0]
+        # grad and inference mode are per thread: the other ranks run as ComfyUI's sampling thread does
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+        def rank_forward(rank: int, member):
+            device = self.devices[rank]
+            own = _rank_options(opts)
+            a = tuple(own if v is opts else v for v in args)
+            kw = {k: (own if v is opts else v) for k, v in kwargs.items()}
+            if device != here:
+                a, kw = _to_device(a, device, own), _to_device(kw, device, own)
+            replica = self.replicas.get(device, model) if rank else model
+            state = RankState(self.plan, SequenceShard(rank, self.size, member))
+            _rank.state = state
+            try:
+                with device_scope(device), torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                    if replica is model:
+                        out = executor(*a, **kw)
+                    else:
+                        install_hooks(replica, self.plan)
+                        nxt = type(executor).new_class_executor(
+                            getattr(replica, executor.original.__name__), replica, executor.wrappers, executor.idx + 1
+                        )
+                        out = nxt.execute(*a, **kw)
+            except (RankAborted, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                if compat.is_interrupt(exc):
+                    raise
+                raise RuntimeError(f"OmniVideo Sequence Parallel: rank {rank} on {device} failed: {exc}") from exc
+            finally:
+                _rank.state = None
+            if not state.gathered:
+                raise RuntimeError(
+                    f"OmniVideo Sequence Parallel: {self.plan.name}'s forward returned without reaching its "
+                    f"{self.plan.final}, so the sequence was never gathered; this forward cannot be split"
+                )
+            return out
+
+        out = run_ranks(self.size, rank_forward, poll=compat.check_interrupt, is_cancel=compat.is_interrupt)
+        self.forwards += 1
+        return out
+
+    def override(self, original, *args, **kwargs):
+        state = current()
+        if state is None or not state.in_self_attention or state.total is None:
+            return call_below(self.previous, original, args, kwargs)
+        call = call_arguments(args, kwargs)
+        q, k, v, heads = call["q"], call["k"], call["v"], int(call["heads"])
+        skip_reshape = bool(call.get("skip_reshape", False))
+        if skip_reshape:  # [B, H, S, D]
+            q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))
+        else:  # [B, S, H*D]
+            b, s, hd = q.shape
+            q4, k4, v4 = (t.reshape(b, s, heads, hd // heads) for t in (q, k, v))
+        q4, k4, v4 = state.shard.qkv_to_heads(q4, k4, v4, state.total)  # [B, S_all, H/N, D]
+        b, total, local_heads, d = q4.shape
+        if skip_reshape:
+            q2, k2, v2 = (t.transpose(1, 2) for t in (q4, k4, v4))
+        else:
+            q2, k2, v2 = (t.reshape(b, total, local_heads * d) for t in (q4, k4, v4))
+        names = [n for n in ("q", "k", "v", "heads") if n in kwargs]
+        rest = {n: kw for n, kw in kwargs.items() if n not in names}
+        positional = args[4:] if len(args) > 4 else ()
+        out = call_below(self.previous, original, (q2, k2, v2, local_heads, *positional), rest)
+        if call.get("skip_output_reshape", False):  # [B, H/N, S_all, D]
+            out4 = out.transpose(1, 2)
+            return state.shard.to_tokens(out4).transpose(1, 2)
+        out4 = out.reshape(b, total, local_heads, d)
+        tokens = state.shard.to_tokens(out4)  # [B, S_rank, H, D]
+        return tokens.reshape(b, tokens.shape[1], heads * d)
