@@ -143,7 +143,7 @@ _DIT_RENAMES = [
 ]
 # ComfyUI infers num_heads = dim // 128: one head of 128 channels is the smallest Wan it builds
 TINY_WAN21_DIT = dict(
-    num_attention_heads=1,
+    num_attention_heads=2,  # two heads: OmniVideo Sequence Parallel's workflows split them over 2 ranks
     attention_head_dim=128,
     in_channels=16,
     out_channels=16,
