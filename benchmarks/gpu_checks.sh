@@ -69,3 +69,20 @@ else
     echo "$gpus GPU(s): the multi-GPU context-parallel benchmark (bench_parallel.py --device cuda) skipped" \
         | tee "$out/parallel_gpu.txt"
 fi
+
+# ComfyUI's own models split by OmniVideo Sequence Parallel (ranks = threads, core's per-device copies): time per
+# step and peak per GPU at 1 / 2 / 4 GPUs, full width with 4 blocks: MiniMax-H3 at 1344x768x124 (goal: >= 1.8x at 2,
+# >= 3.2x at 4) and Wan 14B at 1280x704x81. Needs ComfyUI 0.33 (native H3, deepclone_multigpu) and several GPUs.
+if [ "$gpus" -gt 1 ] && [ -n "$native" ]; then
+    worlds=""
+    for n in 1 2 4; do [ "$n" -le "$gpus" ] && worlds="$worlds $n"; done
+    # shellcheck disable=SC2086
+    COMFYUI_PATH=$native ${COMFYUI33_PYTHON:-python} -P benchmarks/bench_core_parallel.py --device cuda --config full \
+        --layers 4 --model h3 --size 1344x768x124 --worlds $worlds 2>&1 | tee "$out/core_parallel_h3_gpu.txt"
+    # shellcheck disable=SC2086
+    COMFYUI_PATH=$native ${COMFYUI33_PYTHON:-python} -P benchmarks/bench_core_parallel.py --device cuda --config full \
+        --layers 4 --model wan --size 1280x704x81 --worlds $worlds 2>&1 | tee "$out/core_parallel_wan_gpu.txt"
+else
+    echo "$gpus GPU(s) / ComfyUI 0.33 '${native}': the core-model sequence-parallel benchmark skipped" \
+        | tee "$out/core_parallel_gpu.txt"
+fi

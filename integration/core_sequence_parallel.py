@@ -26,7 +26,7 @@ import torch
 
 from .. import compat
 from ..attention.sequence_parallel import SequenceShard
-from ..backends import device_scope
+from ..backends import device_scope, thread_rank_devices
 from ..parallel.threads import RankAborted, run_ranks
 from .attention_patch import call_arguments, call_below, forward_options, override_name
 
@@ -372,3 +372,21 @@ class SequenceSplit:
         out4 = out.reshape(b, total, local_heads, d)
         tokens = state.shard.to_tokens(out4)  # [B, S_rank, H, D]
         return tokens.reshape(b, tokens.shape[1], heads * d)
+
+
+def split_model(model, size: int, replicate_on_one_device: bool = False):
+    """A clone of core's MODEL whose forwards run split over `size` ranks: rank 0 on the MODEL's load device, the
+    others on the next devices of its kind, each with ComfyUI's own copy of the model (`compat.device_clones`); on the
+    CPU they share the MODEL's module, unless `replicate_on_one_device` (the copies several GPUs get, made on one).
+    Raises (before any step) for a model it cannot split."""
+    plan = plan_for(model.model.diffusion_model, size)
+    ranks = thread_rank_devices(model.load_device, size)
+    split = model.clone()
+    others = list(dict.fromkeys(d for d in ranks[1:] if replicate_on_one_device or d != ranks[0]))
+    replicas = compat.device_clones(split, others) if others else {}
+    opts = split.model_options.setdefault("transformer_options", {})
+    sequence = SequenceSplit(plan, ranks, replicas, previous=opts.get("optimized_attention_override"))
+    opts["optimized_attention_override"] = sequence.override
+    split.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)
+    split.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, sequence.wrapper)
+    return split, sequence

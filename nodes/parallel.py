@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from .. import compat
 from ..attention.sequence_parallel import SequenceShard
-from ..backends import PLATFORM, device_count, thread_rank_devices
+from ..backends import PLATFORM, device_count
 from ..compat import io
-from ..integration.core_sequence_parallel import WRAPPER_KEY, SequenceSplit, plan_for
+from ..integration.core_sequence_parallel import plan_for, split_model
 from ..models.handles import FAMILIES
 from ..parallel.pool import describe_pool
 from ..parallel.rendezvous import operator_ranks
@@ -74,7 +74,7 @@ class OmniVideoSequenceParallel(io.ComfyNode):
                 "token sequence; attention trades the slice for whole heads (Ulysses) and back; the output equals "
                 "one device's. Put it after the loader, LoRA and attention-patch nodes, before the sampler: every "
                 "core sampler, scheduler, CFG / guider and guide works above it. devices must divide the heads "
-                "(Wan 14B: 40, 1.3B / 5B: 12 / 24, H3: 48). On the CPU the ranks are threads sharing one copy "
+                "(Wan 14B: 40, 1.3B: 12, 5B: 24, H3: 56). On the CPU the ranks are threads sharing one copy "
                 "(for testing: no faster). 1 = the model unchanged."
             ),
             inputs=[
@@ -87,17 +87,9 @@ class OmniVideoSequenceParallel(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, devices=2) -> io.NodeOutput:
-        plan = plan_for(model.model.diffusion_model, devices)  # refuses unknown models and indivisible heads here
         if devices == 1:
+            plan = plan_for(model.model.diffusion_model, 1)  # still refuses a model it could never split
             return io.NodeOutput(model, ui={"text": [f"{plan.name} on one device (unchanged)"]})
-        ranks = thread_rank_devices(model.load_device, devices)
-        split = model.clone()
-        others = [d for d in ranks[1:] if d != ranks[0]]
-        replicas = compat.device_clones(split, others) if others else {}
-        opts = split.model_options.setdefault("transformer_options", {})
-        sequence = SequenceSplit(plan, ranks, replicas, previous=opts.get("optimized_attention_override"))
-        opts["optimized_attention_override"] = sequence.override
-        split.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)
-        split.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, sequence.wrapper)
-        where = ", ".join(str(d) for d in ranks)
-        return io.NodeOutput(split, ui={"text": [f"{plan.name} split over {devices} ranks: {where}"]})
+        split, sequence = split_model(model, devices)
+        where = ", ".join(str(d) for d in sequence.devices)
+        return io.NodeOutput(split, ui={"text": [f"{sequence.plan.name} split over {devices} ranks: {where}"]})

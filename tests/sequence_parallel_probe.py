@@ -111,6 +111,43 @@ def forwards_split(model, run_sampling) -> int:
     return sequence.forwards - before
 
 
+def replica_cases(cond):
+    """The path several GPUs take, on one CPU: ranks 1.. run ComfyUI's own copy of the MODEL (deepclone_multigpu from
+    the loader's factory, kept in step by match_multigpu_clones), here also with a LoRA loaded after the split.
+    None where this ComfyUI cannot copy a MODEL (0.3.64)."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from omnivideo import compat
+
+    path = os.path.join(tempfile.mkdtemp(), "wan_tiny.safetensors")
+    save_file(tiny_wan_state_dict(seed=5), path)
+    model = comfy.sd.load_diffusion_model(path)
+    if not hasattr(model, "deepclone_multigpu"):
+        return {"refused": error_of(lambda: compat.device_clones(model.clone(), [torch.device("cpu")]))}
+    latent = torch.zeros(1, 16, 3, 16, 24)
+    one = sample(model, latent, cond)
+    split, sequence = split_module.split_model(model, 2, replicate_on_one_device=True)
+    replica = sequence.replicas[torch.device("cpu")]
+    out = {
+        "separate_module": replica is not model.model.diffusion_model,
+        "max_diff": float((sample(split, latent, cond) - one).abs().max()),
+    }
+    g = torch.Generator().manual_seed(7)
+    w = model.model.diffusion_model.blocks[0].self_attn.q.weight
+    lora = {
+        "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.randn(w.shape[0], 4, generator=g) * 0.5,
+        "diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.randn(4, w.shape[1], generator=g) * 0.5,
+    }
+    with_lora = comfy.sd.load_lora_for_models(model, None, lora, 1.0, 0.0)[0]
+    after = comfy.sd.load_lora_for_models(split, None, lora, 1.0, 0.0)[0]
+    out["lora_after_max_diff"] = float((sample(after, latent, cond) - sample(with_lora, latent, cond)).abs().max())
+    out["lora_changes_output"] = float((sample(with_lora, latent, cond) - one).abs().max())
+    out["scale"] = float(one.abs().max())
+    return out
+
+
 def negative_control(model, run_sampling):
     """Rank 1 takes rank 0's rows: the split must then differ from one device (the equality test can fail)."""
     real = split_module.take_rows
@@ -223,6 +260,7 @@ def wan_cases():
     out["wan22_masked"] = compare(lambda n: sample(split(wan22, n), latent22, cond, noise_mask=mask))
     out["wan22_cfg3"] = compare(lambda n: sample(split(wan22, n), latent22, cond, cfg=3.0))
 
+    out["replicas"] = replica_cases(cond)
     out["negative_control"] = negative_control(wan21, run21)
     out.update(cancel_and_failure(wan21, run21))
 

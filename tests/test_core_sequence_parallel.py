@@ -115,8 +115,9 @@ def _assert_equal_to_one_device(result, keys):
 @pytest.mark.integration
 def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path):
     """Core's own Wan 2.1 and Wan 2.2 (5B layout, per-frame timesteps) through core's sampling: CFG 1 and 3, an
-    uneven split, a LoRA through core's loading before and after the node, RainFusion 0 / 0.8 below it; a wrong split
-    differs; a cancel and a failing rank end every rank; the refusals say why."""
+    uneven split, a LoRA through core's loading before and after the node, RainFusion 0 / 0.8 below it, the ranks on
+    ComfyUI's own per-device copies (0.33+); a wrong split differs; a cancel and a failing rank end every rank; the
+    refusals say why."""
     if not os.path.isfile(os.path.join(str(comfyui_path), "comfy", "ldm", "wan", "model.py")):
         pytest.skip(f"COMFYUI_PATH={comfyui_path} has no comfy/ldm/wan/model.py")
     r = _probe(comfyui_path, "wan")
@@ -152,6 +153,14 @@ def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path)
     assert "replaced by another patch (patches_replace 'dit')" in r["refuse_block_replaced"], r
     assert r["refuse_unknown"].startswith("ValueError: OmniVideo Sequence Parallel cannot split Other"), r
     assert r["world1_unchanged"] is True
+    replicas = r["replicas"]  # the several-GPU path (core's per-device copies), on one CPU
+    if "refused" in replicas:  # 0.3.64: no deepclone_multigpu
+        assert "update ComfyUI to split a model over several GPUs" in replicas["refused"], replicas
+    else:
+        assert replicas["separate_module"] is True, replicas
+        assert replicas["max_diff"] <= TOLERANCE * max(1.0, replicas["scale"]), replicas
+        assert replicas["lora_changes_output"] > 1e-2, replicas  # a LoRA loaded after the split reaches the copies
+        assert replicas["lora_after_max_diff"] <= TOLERANCE * max(1.0, replicas["scale"]), replicas
 
 
 @pytest.mark.integration
