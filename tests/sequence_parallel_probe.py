@@ -275,6 +275,15 @@ def wan_cases():
     replaced.set_model_patch_replace(lambda args, extra: extra["original_block"](args), "dit", "double_block", 0)
     out["refuse_block_replaced"] = error_of(lambda: run21(replaced))
 
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    def compiled(n):  # what core's TorchCompileModel does, after the split (backend "eager": no C compiler needed)
+        model = split(wan21, n).clone()
+        set_torch_compile_wrapper(model, backend="eager")
+        return run21(model)
+
+    out["wan21_compiled"] = compare(compiled, worlds=(2,))
+
     class Other(torch.nn.Module):
         pass
 

@@ -115,7 +115,8 @@ def _assert_equal_to_one_device(result, keys):
 @pytest.mark.integration
 def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path):
     """Core's own Wan 2.1 and Wan 2.2 (5B layout, per-frame timesteps) through core's sampling: CFG 1 and 3, an
-    uneven split, a LoRA through core's loading before and after the node, RainFusion 0 / 0.8 below it, the ranks on
+    uneven split, a LoRA through core's loading before and after the node, RainFusion 0 / 0.8 below it, core's
+    torch.compile wrapper above it, the ranks on
     ComfyUI's own per-device copies (0.33+); a wrong split differs; a cancel and a failing rank end every rank; the
     refusals say why."""
     if not os.path.isfile(os.path.join(str(comfyui_path), "comfy", "ldm", "wan", "model.py")):
@@ -133,6 +134,7 @@ def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path)
             "wan21_rainfusion_0.8",
             "wan22_masked",
             "wan22_cfg3",
+            "wan21_compiled",
             "after_failure",
         ],
     )
