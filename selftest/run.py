@@ -118,7 +118,10 @@ def run_workflows(server, names: list[str], chosen: dict[str, str], inject: set[
             graph, prefix, recipe = small_graph(name)
             row.impl, row.note = _workflow_impl(graph, chosen), recipe.note
             ranks = world_size(graph)
-            if ranks > devices:
+            missing = sorted({n["class_type"] for n in graph.values()} - set(server.node_types()))
+            if missing:  # a graph of a newer core's nodes (core's MiniMax-H3, 0.33+)
+                row.status, row.result = SKIP, f"this ComfyUI has no {', '.join(missing)} (a newer core's nodes)"
+            elif ranks > devices:
                 row.status, row.result = SKIP, f"needs {ranks} devices, this machine has {devices}"
             else:
                 if row.key in inject:

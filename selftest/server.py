@@ -99,9 +99,50 @@ HELPER_PACK = textwrap.dedent('''
             return ([[torch.randn(1, tokens, 4096, generator=g) * 0.1, {}]],)
 
 
+    class OmniVideoTestFramesStandIn:
+        """IMAGE frames from a video LATENT ([B, C, T, h, w] -> T frames of 16h x 16w, a fixed mix of the channels):
+        stands in for VAE Decode with core's MiniMax-H3 video VAE, which ComfyUI builds only at full size (2.6B
+        parameters)."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"samples": ("LATENT",)}}
+
+        RETURN_TYPES = ("IMAGE",)
+        FUNCTION = "decode"
+        CATEGORY = "_for_testing"
+
+        def decode(self, samples):
+            latent = samples["samples"][:1].float()
+            mix = torch.linspace(-1.0, 1.0, latent.shape[1] * 3).view(3, latent.shape[1])
+            rgb = torch.einsum("rc,bcthw->bthwr", mix, latent)[0].sigmoid()
+            return (rgb.repeat_interleave(16, dim=1).repeat_interleave(16, dim=2).contiguous(),)
+
+
+    class OmniVideoTestAudioStandIn:
+        """AUDIO from an audio LATENT ([B, C, ..., T] -> stereo at 32 kHz, 1280 samples per latent step): stands in
+        for VAE Decode Audio with core's MiniMax-H3 audio VAE."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"samples": ("LATENT",)}}
+
+        RETURN_TYPES = ("AUDIO",)
+        FUNCTION = "decode"
+        CATEGORY = "_for_testing"
+
+        def decode(self, samples):
+            latent = samples["samples"][:1].float()
+            steps = latent.flatten(1, -2).mean(dim=1, keepdim=True)  # [1, 1, T]
+            wave = steps.tanh().repeat_interleave(1280, dim=-1).repeat(1, 2, 1)
+            return ({"waveform": wave.contiguous(), "sample_rate": 32000},)
+
+
     NODE_CLASS_MAPPINGS = {
         "OmniVideoTestSaveTensor": OmniVideoTestSaveTensor,
         "OmniVideoTestTextStandIn": OmniVideoTestTextStandIn,
+        "OmniVideoTestFramesStandIn": OmniVideoTestFramesStandIn,
+        "OmniVideoTestAudioStandIn": OmniVideoTestAudioStandIn,
     }
 ''')
 
@@ -129,6 +170,7 @@ class ComfyServer:
     prepared: Any = None  # what `while_starting` returned
     prepare_error: str | None = None  # or why it failed
     client_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _node_types: set[str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.output_dir = self.root / "output"
@@ -149,6 +191,12 @@ class ComfyServer:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
+
+    def node_types(self) -> set[str]:
+        """The node types this ComfyUI serves (/object_info's keys, read once)."""
+        if self._node_types is None:
+            self._node_types = set(self.get_json("/object_info", timeout=120))
+        return self._node_types
 
     def get_json(self, path: str, timeout: float = 30, headers: dict | None = None):
         status, body = self.request(path, timeout=timeout, headers=headers)

@@ -187,6 +187,44 @@ def write_h3_files(root: Path, python: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Core's own MiniMax-H3 graphs (ComfyUI 0.33+): core's nodes throughout; the text encoder (Qwen3-VL-32B) and the
+# video / audio VAEs (2.6B / 0.15B parameters) exist in core at full size only, so their nodes give way to the
+# helper pack's stand-ins; the DiT is the tiny H3 in core's single-file layout, 4096-wide text as the stand-in's.
+
+H3_CORE_FILE = "minimax_h3_tiny_core.safetensors"
+H3_CORE_SMALL = {
+    "UNETLoader": {"unet_name": H3_CORE_FILE},
+    "EmptyMiniMaxH3LatentAV": {"width": 64, "height": 64, "length": 5},  # video latent (2, 4, 4): 2 frames
+    "KSampler": {"steps": 2},
+}
+
+
+def write_h3_core_file(root: Path, python: str) -> None:
+    from safetensors.torch import save_file
+
+    from .tiny.h3 import core_keys, make_models
+
+    sd = core_keys(make_models(seed=7, text_dim=4096)[0])
+    save_file(
+        {"model.diffusion_model." + k: v.contiguous() for k, v in sd.items()},
+        str(root / "models" / "diffusion_models" / H3_CORE_FILE),
+    )
+
+
+def vae_stand_in(graph: dict) -> dict:
+    """VAELoader + VAE Decode / VAE Decode Audio -> OmniVideoTestFramesStandIn / OmniVideoTestAudioStandIn."""
+    graph = text_stand_in(graph)
+    stand_ins = {"VAEDecode": "OmniVideoTestFramesStandIn", "VAEDecodeAudio": "OmniVideoTestAudioStandIn"}
+    for nid in [nid for nid, n in graph.items() if n["class_type"] == "VAELoader"]:
+        del graph[nid]
+    for node in graph.values():
+        if node["class_type"] in stand_ins:
+            node["class_type"] = stand_ins[node["class_type"]]
+            node["inputs"] = {"samples": node["inputs"]["samples"]}
+    return graph
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # One recipe per family
 
 
@@ -211,6 +249,7 @@ WRITERS: dict[str, Callable[[Path, str], None]] = {
     "wan_dit": write_wan_dit,
     "omnidreams": write_omnidreams_files,
     "h3": write_h3_files,
+    "h3_core": write_h3_core_file,
 }
 
 
@@ -232,6 +271,18 @@ def _recipes() -> dict[str, Recipe]:
             note="text encoder: random UMT5-shaped stand-in",
         ),
         "wan_decode": Recipe("wan_decode", ("wan_vae",), DECODE_SMALL, 5, 64, 64, 16.0),
+        "h3_core": Recipe(
+            "h3_core",
+            ("h3_core",),
+            H3_CORE_SMALL,
+            2,
+            64,
+            64,
+            24.0,
+            audio=True,
+            rewrite=vae_stand_in,
+            note="text encoder and VAEs: stand-ins (core builds them at full size only)",
+        ),
     }
 
 
@@ -242,6 +293,8 @@ def family_of(graph: dict) -> str | None:
         return "h3"
     if "OmniDreamsModelLoader" in classes:
         return "omnidreams"
+    if "EmptyMiniMaxH3LatentAV" in classes:
+        return "h3_core"
     if "UNETLoader" in classes:
         return "wan_t2v"
     if classes & {"OmniVideoWanVAEDecode", "VAEDecode"} and "VAELoader" in classes:

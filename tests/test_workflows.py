@@ -588,8 +588,24 @@ EXPECTED_WORKFLOWS = {"wan_vae_decode_only", "wan21_t2v_fused_decode", "omnidrea
 
 @pytest.fixture(scope="module", params=CORE_VERSIONS)
 def sigs(request):
-    """Ours and the core nodes of each pinned ComfyUI version: every workflow must hold on each."""
+    """Ours and the core nodes of each pinned ComfyUI version: every workflow must hold on each that has its core
+    nodes (`skip_where_core_is_older`)."""
     return all_signatures(request.param)
+
+
+def newer_core_nodes(class_types, sigs: dict[str, Sig]) -> list[str]:
+    """The core nodes of a workflow this version lacks that a newer pinned version has (core's MiniMax-H3 nodes
+    before 0.33): a workflow built on them needs that newer ComfyUI. A node no pin knows is not one of them."""
+    newer = {name for version in CORE_VERSIONS for name in CORE_NODES_BY_VERSION[version]}
+    return sorted({ct for ct in class_types if ct not in sigs and ct in newer})
+
+
+def skip_where_core_is_older(workflow, sigs: dict[str, Sig]) -> None:
+    nodes = workflow.get("nodes") if isinstance(workflow, dict) and "nodes" in workflow else None
+    types = [n.get("type") for n in nodes] if nodes is not None else [n.get("class_type") for n in workflow.values()]
+    missing = newer_core_nodes(types, sigs)
+    if missing:
+        pytest.skip(f"needs a newer ComfyUI: this pinned version has no {', '.join(missing)}")
 
 
 def test_expected_workflows_exist():
@@ -615,12 +631,14 @@ def test_our_signatures_are_read_from_the_schema(sigs):
 
 @pytest.mark.parametrize("path", api_files(), ids=_rel)
 def test_api_workflow_is_valid(path, sigs):
+    skip_where_core_is_older(load(path), sigs)
     errors = validate_api(load(path), sigs)
     assert not errors, f"{_rel(path)}:\n  " + "\n  ".join(errors)
 
 
 @pytest.mark.parametrize("path", ui_files() + template_files(), ids=_rel)
 def test_ui_workflow_is_valid(path, sigs):
+    skip_where_core_is_older(load(path), sigs)
     errors = validate_ui(load(path), sigs)
     assert not errors, f"{_rel(path)}:\n  " + "\n  ".join(errors)
 
@@ -629,6 +647,7 @@ def test_ui_workflow_is_valid(path, sigs):
 def test_ui_and_api_describe_the_same_graph(path, sigs):
     twin = api_twin(path)
     assert twin is not None, f"{_rel(path)} has no API twin <name>.api.json under workflows/"
+    skip_where_core_is_older(load(path), sigs)
     errors = compare_ui_api(load(path), load(twin), sigs)
     assert not errors, f"{_rel(path)} vs {_rel(twin)}:\n  " + "\n  ".join(errors)
 

@@ -178,9 +178,17 @@ def _framing_problems(state: dict, saved: dict) -> list[str]:
     return problems
 
 
+def skip_without_its_core_nodes(saved: dict, object_info: dict) -> None:
+    """A workflow built on core nodes this ComfyUI lacks (core's MiniMax-H3 nodes before 0.33) is not for it."""
+    missing = sorted({n["type"] for n in saved["nodes"]} - set(object_info))
+    if missing and not any(name.startswith("OmniVideo") for name in missing):
+        pytest.skip(f"this ComfyUI has no {', '.join(missing)} (a newer core's nodes)")
+
+
 @pytest.mark.parametrize("path", UI_WORKFLOWS, ids=[p.stem for p in UI_WORKFLOWS])
-def test_ui_workflow_loads_in_the_real_frontend(page, path, vae_file):
+def test_ui_workflow_loads_in_the_real_frontend(page, path, vae_file, object_info):
     saved = json.loads(path.read_text(encoding="utf-8"))
+    skip_without_its_core_nodes(saved, object_info)
     state = _drop(page, path)
     assert not state["unknown"], f"{path.name}: node types the frontend does not know: {state['unknown']}"
     assert not _missing_node_reports(state), state["dialogs"]
@@ -189,10 +197,11 @@ def test_ui_workflow_loads_in_the_real_frontend(page, path, vae_file):
 
 
 @pytest.mark.parametrize("path", UI_WORKFLOWS, ids=[p.stem for p in UI_WORKFLOWS])
-def test_ui_workflow_opens_framed(page, path, tmp_path):
+def test_ui_workflow_opens_framed(page, path, tmp_path, object_info):
     """The saved view (extra.ds) frames the graph on both frontends: 1.49's tab bar, side bar, breadcrumb and run
     bar float over a canvas that fills the window, where 1.27's canvas starts below and right of its bars."""
     saved = json.loads(path.read_text(encoding="utf-8"))
+    skip_without_its_core_nodes(saved, object_info)
     _drop(page, path)
     _dismiss(page)  # the missing-models report is not part of the view
     problems = _framing_problems(_state(page), saved)

@@ -9,14 +9,9 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from support.h3_tiny import to_original_keys
+from omnivideo.selftest.tiny.h3 import core_keys  # noqa: F401  (the self-test writes core files too)
 
 FP8 = torch.float8_e4m3fn
-
-
-def core_keys(transformer) -> dict[str, torch.Tensor]:
-    """Original keys plus the `rope.inv_freq` buffer every core file stores (diffusers does not save it)."""
-    return {**to_original_keys(transformer.state_dict()), "rope.inv_freq": transformer.rope.inv_freq.clone()}
 
 
 def pruned_keys(transformer, grid: int = 1025) -> dict[str, torch.Tensor]:

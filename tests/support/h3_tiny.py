@@ -18,48 +18,9 @@ from omnivideo.selftest.tiny.h3 import (  # noqa: F401
     VAE,
     WIDTH,
     make_models,
+    to_original_keys,
     write_folder,
 )
-
-
-def to_original_keys(sd: dict) -> dict:
-    """diffusers -> original single-file keys (inverse of convert_minimax_h3_transformer_checkpoint_to_diffusers)."""
-    renames = [
-        ("token_refiner.refiner_blocks.", "token_refiner.blocks."),
-        ("time_embedder.linear_1.", "time_embedder.proj_in."),
-        ("time_embedder.linear_2.", "time_embedder.proj_out."),
-        ("audio_proj_in.", "audio_patch_proj."),
-        ("context_embedder.", "condition_proj."),
-        ("norm_out.norm.", "final_layer.norm."),
-        ("norm_out.linear.", "final_layer.adaln_proj.linear."),
-        ("audio_proj_out.", "final_layer.audio_out."),
-        (".attn.norm_q.", ".attn.q_norm."),
-        (".attn.norm_k.", ".attn.k_norm."),
-        (".attn.to_out.0.", ".attn.out_proj."),
-        (".ff.net.0.proj.", ".mlp.fc1."),
-        (".ff.net.2.", ".mlp.fc2."),
-    ]
-    out = {}
-    for key, value in sd.items():
-        if key.endswith(".ff.net.0.proj.weight"):  # SwiGLU [value; gate] -> checkpoint [gate; value]
-            v, g = torch.chunk(value, 2, dim=0)
-            value = torch.cat([g, v])
-        if ".attn.to_k." in key or ".attn.to_v." in key:
-            continue
-        if ".attn.to_q.weight" in key:
-            base = key.replace(".attn.to_q.weight", "")
-            value = torch.cat([sd[key], sd[base + ".attn.to_k.weight"], sd[base + ".attn.to_v.weight"]])
-            key = base + ".attn.qkv_proj.weight"
-        if key.startswith("transformer_blocks."):
-            key = "blocks." + key[len("transformer_blocks.") :]
-        if key.startswith("proj_in."):
-            key = "video_patch_proj." + key[len("proj_in.") :]
-        if key.startswith("proj_out."):
-            key = "final_layer.video_out." + key[len("proj_out.") :]
-        for new, old in renames:
-            key = key.replace(new, old)
-        out[key] = value.contiguous()
-    return out
 
 
 def keyframe_images():

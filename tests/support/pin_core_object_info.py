@@ -53,7 +53,8 @@ def main(comfy_path: str) -> Path:
         with server_module.running_comfyui(Path(root), str(Path(comfy_path).resolve()), with_vae=False) as server:
             version = server.get_json("/system_stats")["system"]["comfyui_version"]
             object_info = server.get_json("/object_info", timeout=120)
-    pin = {name: pinned_entry(object_info[name]) for name in core_names()}
+    # a node newer than this ComfyUI (core's MiniMax-H3 nodes before 0.33) is left out of its pin
+    pin = {name: pinned_entry(object_info[name]) for name in core_names() if name in object_info}
     out = SUPPORT / f"core_object_info_{version}.json"
     out.write_text(json.dumps(pin, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return out
