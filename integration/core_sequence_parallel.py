@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -103,7 +104,7 @@ class SplitPlan:
     name: str
     self_attention: str  # attribute of a block
     final: str  # attribute of the model: its input is gathered
-    heads: Callable[[torch.nn.Module], int]
+    heads: Callable[[Any], int]  # the model's attention heads, read from the module
     shard_block: Callable[[RankState, tuple, dict], tuple[tuple, dict]]
     gather_final: Callable[[RankState, tuple, dict], tuple[tuple, dict]]
 
@@ -163,7 +164,7 @@ PLANS = {
 }
 
 
-def plan_for(diffusion_model: torch.nn.Module, size: int) -> SplitPlan:
+def plan_for(diffusion_model: Any, size: int) -> SplitPlan:
     """The plan for this core model split over `size` ranks, or a ValueError that says why it cannot be."""
     cls = type(diffusion_model)
     plan = PLANS.get((cls.__module__, cls.__name__))
@@ -214,7 +215,7 @@ def _attention_leave(module, args, kwargs, output):
         state.in_self_attention = False
 
 
-def install_hooks(diffusion_model: torch.nn.Module, plan: SplitPlan) -> None:
+def install_hooks(diffusion_model: Any, plan: SplitPlan) -> None:
     """Once per module (shared by every MODEL clone of it): hooks that act only in a thread running a split forward."""
     with _hooks_lock:
         if getattr(diffusion_model, HOOKS_ATTR, False):
@@ -257,8 +258,9 @@ class SequenceSplit:
         owner = getattr(previous, "__self__", None)
         if isinstance(owner, SequenceSplit):  # splitting a split MODEL again replaces it
             previous = owner.previous
-        self.plan, self.devices, self.replicas, self.previous = plan, devices, replicas or {}, previous
-        self.forwards = 0  # forwards run split (rank 0 counts them; Backend Info, tests)
+        self.plan, self.devices, self.replicas = plan, devices, replicas or {}
+        self.previous: Callable | None = previous
+        self.forwards = 0  # forwards run split (rank 0 counts them)
 
     def __deepcopy__(self, memo):  # MODEL.clone() deep-copies model_options: one split, its replicas not copied
         return self

@@ -124,9 +124,9 @@ def run_ranks(
     except BaseException as exc:
         errors[0] = exc
     for rank, future in enumerate(others, start=1):
-        exc = future.exception()  # waits: an aborted group releases every rank at its next collective
-        if exc is not None:
-            errors[rank] = exc
+        failure = future.exception()  # waits: an aborted group releases every rank at its next collective
+        if failure is not None:
+            errors[rank] = failure
     if not errors:
         return result
     own = {rank: exc for rank, exc in sorted(errors.items()) if not isinstance(exc, RankAborted)}
