@@ -297,12 +297,29 @@ class SequenceSplit:
 
     # DIFFUSION_MODEL wrapper: wrapper(executor, x, timestep, context, ..., transformer_options, ...)
     def wrapper(self, executor, *args, **kwargs):
+        """Splits at the innermost point, wherever this wrapper sits among the MODEL's: every other DIFFUSION_MODEL
+        wrapper (EasyCache, an attention patch's layout record) runs once per forward, in ComfyUI's thread, and only
+        the model's own forward runs per rank."""
         opts = forward_options(args, kwargs)
         if opts is None or current() is not None or self.size == 1:
             return executor(*args, **kwargs)
         self.refuse_others(opts)
-        model = executor.class_obj
-        install_hooks(model, self.plan)
+        original, model = executor.original, executor.class_obj
+
+        def split_forward(*args, **kwargs):
+            out = self.run_split(original, model, args, kwargs)
+            self.forwards += 1
+            return out
+
+        return (
+            type(executor)
+            .new_class_executor(split_forward, model, executor.wrappers, executor.idx + 1)
+            .execute(*args, **kwargs)
+        )
+
+    def run_split(self, original, model, args: tuple, kwargs: dict):
+        """`original` (the model's own forward) once per rank, each on its device's copy; rank 0's output."""
+        opts = forward_options(args, kwargs)
         here = self.devices[0]
         # grad and inference mode are per thread: the other ranks run as ComfyUI's sampling thread does
         grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
@@ -315,18 +332,13 @@ class SequenceSplit:
             if device != here:
                 a, kw = _to_device(a, device, own), _to_device(kw, device, own)
             replica = self.replicas.get(device, model) if rank else model
+            install_hooks(replica, self.plan)
+            forward = original if replica is model else getattr(replica, original.__name__)
             state = RankState(self.plan, SequenceShard(rank, self.size, member))
             _rank.state = state
             try:
                 with device_scope(device), torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                    if replica is model:
-                        out = executor(*a, **kw)
-                    else:
-                        install_hooks(replica, self.plan)
-                        nxt = type(executor).new_class_executor(
-                            getattr(replica, executor.original.__name__), replica, executor.wrappers, executor.idx + 1
-                        )
-                        out = nxt.execute(*a, **kw)
+                    out = forward(*a, **kw)
             except (RankAborted, KeyboardInterrupt):
                 raise
             except Exception as exc:
@@ -342,9 +354,7 @@ class SequenceSplit:
                 )
             return out
 
-        out = run_ranks(self.size, rank_forward, poll=compat.check_interrupt, is_cancel=compat.is_interrupt)
-        self.forwards += 1
-        return out
+        return run_ranks(self.size, rank_forward, poll=compat.check_interrupt, is_cancel=compat.is_interrupt)
 
     def override(self, original, *args, **kwargs):
         state = current()

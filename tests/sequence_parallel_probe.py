@@ -284,6 +284,20 @@ def wan_cases():
 
     out["wan21_compiled"] = compare(compiled, worlds=(2,))
 
+    from comfy_extras.nodes_easycache import EasyCacheNode
+
+    easy_runs = {}
+
+    def easycache(n):  # core's EasyCache after the split: its forward wrapper must run once per forward, not per rank
+        model = EasyCacheNode.execute(split(wan21, n), 1.5, 0.1, 0.95, False).args[0]
+        got = sample(model, latent, cond, steps=10)
+        sequence = model.model_options["transformer_options"].get("optimized_attention_override")
+        easy_runs[n] = getattr(getattr(sequence, "__self__", None), "forwards", None)
+        return got
+
+    out["wan21_easycache"] = compare(easycache, worlds=(2,))
+    out["easycache_split_forwards"] = easy_runs[2]  # fewer than the 10 steps: EasyCache skipped some
+
     class Other(torch.nn.Module):
         pass
 

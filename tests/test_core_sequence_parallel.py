@@ -116,7 +116,7 @@ def _assert_equal_to_one_device(result, keys):
 def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path):
     """Core's own Wan 2.1 and Wan 2.2 (5B layout, per-frame timesteps) through core's sampling: CFG 1 and 3, an
     uneven split, a LoRA through core's loading before and after the node, RainFusion 0 / 0.8 below it, core's
-    torch.compile wrapper above it, the ranks on
+    torch.compile wrapper and EasyCache above it, the ranks on
     ComfyUI's own per-device copies (0.33+); a wrong split differs; a cancel and a failing rank end every rank; the
     refusals say why."""
     if not os.path.isfile(os.path.join(str(comfyui_path), "comfy", "ldm", "wan", "model.py")):
@@ -135,11 +135,13 @@ def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path)
             "wan22_masked",
             "wan22_cfg3",
             "wan21_compiled",
+            "wan21_easycache",
             "after_failure",
         ],
     )
     assert r["wan22_class"] == "WAN22", r["wan22_class"]  # core detected the 5B layout
     assert r["forwards_split"] == 2, r  # 2 steps, CFG 1: the split ran for each forward
+    assert 0 < r["easycache_split_forwards"] < 10, r  # core's EasyCache above the split skipped steps, once each
     assert r["lora_changes_output"] > 1e-2, r["lora_changes_output"]  # the LoRA is not a no-op
     assert r["rainfusion_0.8_vs_dense"] > 1e-3, r["rainfusion_0.8_vs_dense"]  # 0.8 really went sparse
     assert r["negative_control"] > 1e-2, f"a wrong split must differ from one device: {r['negative_control']}"
