@@ -238,6 +238,11 @@ def wan_cases():
     out["wan21_lora_after"] = compare(lambda n: run21(lora_model(split(wan21, n))))
     out["lora_changes_output"] = float((run21(lora_first) - run21(wan21)).abs().max())
 
+    # fp8 weights, as UNETLoader's weight_dtype fp8_e4m3fn stores them (ComfyUI's cast layers compute in fp32 here)
+    fp8 = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict(), model_options={"dtype": torch.float8_e4m3fn})
+    out["fp8_weights"] = str(fp8.model.diffusion_model.blocks[0].self_attn.q.weight.dtype)
+    out["wan21_fp8"] = compare(lambda n: run21(split(fp8, n)))
+
     # OmniVideo Patch Model Attention below the split: RainFusion over all rows of the heads each rank holds
     big = torch.zeros(1, 16, 2, 96, 96)  # (2, 48, 48): 4608 rows = 36 blocks of 128
     for sparsity in (0.0, 0.8):

@@ -115,10 +115,9 @@ def _assert_equal_to_one_device(result, keys):
 @pytest.mark.integration
 def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path):
     """Core's own Wan 2.1 and Wan 2.2 (5B layout, per-frame timesteps) through core's sampling: CFG 1 and 3, an
-    uneven split, a LoRA through core's loading before and after the node, RainFusion 0 / 0.8 below it, core's
-    torch.compile wrapper and EasyCache above it, the ranks on
-    ComfyUI's own per-device copies (0.33+); a wrong split differs; a cancel and a failing rank end every rank; the
-    refusals say why."""
+    uneven split, a LoRA through core's loading before and after the node, fp8 weights, RainFusion 0 / 0.8 below it,
+    core's torch.compile wrapper and EasyCache above it, the ranks on ComfyUI's own per-device copies (0.33+); a
+    wrong split differs; a cancel and a failing rank end every rank; the refusals say why."""
     if not os.path.isfile(os.path.join(str(comfyui_path), "comfy", "ldm", "wan", "model.py")):
         pytest.skip(f"COMFYUI_PATH={comfyui_path} has no comfy/ldm/wan/model.py")
     r = _probe(comfyui_path, "wan")
@@ -130,6 +129,7 @@ def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path)
             "wan21_uneven",
             "wan21_lora_before",
             "wan21_lora_after",
+            "wan21_fp8",
             "wan21_rainfusion_0.0",
             "wan21_rainfusion_0.8",
             "wan22_masked",
@@ -143,6 +143,7 @@ def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path)
     assert r["forwards_split"] == 2, r  # 2 steps, CFG 1: the split ran for each forward
     assert 0 < r["easycache_split_forwards"] < 10, r  # core's EasyCache above the split skipped steps, once each
     assert r["lora_changes_output"] > 1e-2, r["lora_changes_output"]  # the LoRA is not a no-op
+    assert r["fp8_weights"] == "torch.float8_e4m3fn", r["fp8_weights"]  # the fp8 case really stores fp8
     assert r["rainfusion_0.8_vs_dense"] > 1e-3, r["rainfusion_0.8_vs_dense"]  # 0.8 really went sparse
     assert r["negative_control"] > 1e-2, f"a wrong split must differ from one device: {r['negative_control']}"
     assert r["cancel"].startswith("InterruptProcessingException"), r["cancel"]

@@ -1,4 +1,4 @@
-"""Run by tests/test_wan_vae_comfy.py in ComfyUI's interpreter (COMFYUI_PYTHON): ComfyUI's own Wan 2.1 / 2.2
+"""Run by tests/test_wan_vae_decode.py in ComfyUI's interpreter (COMFYUI_PYTHON): ComfyUI's own Wan 2.1 / 2.2
 VAEs, built by comfy.sd.VAE from random state dicts with the original key names, decoded by core VAE Decode
 (nodes.VAEDecode) and by OmniVideo Wan VAE Decode at every fusion level; prints what the tests check as JSON.
 
