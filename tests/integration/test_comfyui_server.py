@@ -5,7 +5,6 @@ Run:  COMFYUI_PATH=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/comfy-venv/bin/pytho
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -25,16 +24,8 @@ FUSIONS = ("auto", "triton", "torch", "off")
 SMALL = DECODE_SMALL["EmptyHunyuanLatentVideo"]  # latent [1, 16, 2, 8, 8] -> 5 frames of 64x64
 
 
-def _load_workflow_checks():
-    spec = importlib.util.spec_from_file_location("omnivideo_test_workflows", REPO / "tests" / "test_workflows.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-wf = _load_workflow_checks()
-
+sys.path.insert(0, str(REPO / "tests"))  # the workflow validator of tests/test_workflows.py
+import support.workflow_validator as wf  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
 
