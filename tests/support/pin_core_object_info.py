@@ -18,7 +18,7 @@ from pathlib import Path
 
 SUPPORT = Path(__file__).resolve().parent
 TESTS = SUPPORT.parent
-FILE_INPUTS = {"vae_name", "unet_name", "clip_name", "image", "file", "latent"}  # = test_workflows.FILE_INPUTS
+FILE_INPUTS = {"vae_name", "unet_name", "clip_name", "image", "file", "latent"}  # = workflow_validator.FILE_INPUTS
 
 
 def core_names() -> list[str]:
