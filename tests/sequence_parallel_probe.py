@@ -12,7 +12,6 @@ PROBE_GROUP: the case group to run ("wan" or "h3"), so the test reports each gro
 import json
 import os
 import sys
-import threading
 import time
 
 import torch
@@ -166,44 +165,42 @@ def negative_control(model, run_sampling):
     return float((got - one).abs().max())
 
 
-def cancel_and_failure(model, run_sampling):
-    """A cancel pressed mid-step and a rank that raises: each ends the run on every rank, and says which."""
-    out = {}
-    calls = {"n": 0}
-    real = split_module.SequenceSplit.override  # replaced before the split: the MODEL holds the bound override
+def on_rank_1(model, run_sampling, act):
+    """Sample the MODEL split over 2 ranks with `act()` called in rank 1's self-attention calls; (what the run
+    raised, its seconds). The override is replaced before the split: the MODEL holds the bound one."""
+    real = split_module.SequenceSplit.override
 
-    def cancelling(self, original, *a, **kw):
+    def hooked(self, original, *a, **kw):
         state = split_module.current()
         if state is not None and state.shard.rank == 1 and state.in_self_attention:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                comfy.model_management.interrupt_current_processing(True)
+            act()
         return real(self, original, *a, **kw)
 
-    split_module.SequenceSplit.override = cancelling
+    split_module.SequenceSplit.override = hooked
     start = time.monotonic()
     try:
-        out["cancel"] = error_of(lambda: run_sampling(split(model, 2)))
+        return error_of(lambda: run_sampling(split(model, 2))), time.monotonic() - start
     finally:
         split_module.SequenceSplit.override = real
         comfy.model_management.interrupt_current_processing(False)
-    out["cancel_seconds"] = time.monotonic() - start
 
-    def failing(self, original, *a, **kw):
-        state = split_module.current()
-        if state is not None and state.shard.rank == 1 and state.in_self_attention:
-            raise RuntimeError("device lost (a test's failure)")
-        return real(self, original, *a, **kw)
 
-    split_module.SequenceSplit.override = failing
-    start = time.monotonic()
-    try:
-        out["failure"] = error_of(lambda: run_sampling(split(model, 2)))
-    finally:
-        split_module.SequenceSplit.override = real
-    out["failure_seconds"] = time.monotonic() - start
-    out["after_failure"] = compare(lambda n: run_sampling(split(model, n)), worlds=(2,))  # the pool still works
-    out["rank_threads"] = sum(t.name.startswith("omnivideo-rank") for t in threading.enumerate())
+def cancel_and_failure(model, run_sampling):
+    """A cancel pressed mid-step and a rank that raises: each ends the run on every rank, and says which."""
+    calls = {"n": 0}
+
+    def cancel_on_the_third_call():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            comfy.model_management.interrupt_current_processing(True)
+
+    def fail():
+        raise RuntimeError("device lost (a test's failure)")
+
+    out = {}
+    out["cancel"], out["cancel_seconds"] = on_rank_1(model, run_sampling, cancel_on_the_third_call)
+    out["failure"], out["failure_seconds"] = on_rank_1(model, run_sampling, fail)
+    out["after_failure"] = compare(lambda n: run_sampling(split(model, n)), worlds=(2,))  # the threads still work
     return out
 
 
