@@ -11,9 +11,10 @@ pack's own pipelines) and hands the call below it - the override that was on the
 Attention's RainFusion then plans the heads this rank holds), else ComfyUI's attention - all rows of H/N heads.
 
 Which rows a rank holds is per thread (`_rank`), so the hooks do nothing in a forward that is not split (another
-MODEL sharing the module, core's MultiGPU CFG threads). A forward that does not reach the final layer, a block
-patched by someone else, an attention override above ours (it would see a slice of the rows) or core's CFG split
-at the same time are refused with a message, never run silently wrong.
+MODEL sharing the module, core's MultiGPU CFG threads). What would make a split forward wrong is refused with a
+message: patches that see a block's or an attention's rows (`patches`, `patches_replace`), an attention override
+above ours (it would see a slice of the rows), core's CFG split at the same time, a self-attention that did not reach
+our override, a forward that does not reach the final layer.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class RankState:
     total: int | None = None  # rows of the full sequence; None until the first block
     gathered: bool = False
     in_self_attention: bool = False
+    attended: bool = False  # the current self-attention call went through our override
     _sliced: dict = field(default_factory=dict)  # id(full table) -> (table, this rank's rows)
 
     @property
@@ -65,23 +67,6 @@ class RankState:
         local = take_rows(self, t, dim)
         self._sliced[id(t)] = (t, local)
         return local
-
-    def expanded(self, t: torch.Tensor, dim: int) -> torch.Tensor:
-        """A per-frame table repeated to one row per token (as Wan's repeat_e does over the full sequence)."""
-        assert self.total is not None
-        if t.shape[dim] == self.total:
-            return t
-        hit = self._sliced.get(("expanded", id(t)))
-        if hit is not None and hit[0] is t:
-            return hit[1]
-        if self.total % t.shape[dim]:
-            raise ValueError(
-                f"OmniVideo Sequence Parallel: {t.shape[dim]} per-frame timesteps for {self.total} rows; this "
-                f"{self.plan.name} forward is not one it knows how to split"
-            )
-        full = torch.repeat_interleave(t, self.total // t.shape[dim], dim=dim)
-        self._sliced[("expanded", id(t))] = (t, full)
-        return full
 
 
 def take_rows(state: RankState, t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -112,7 +97,7 @@ class SplitPlan:
 def _begin(state: RankState, x: torch.Tensor, dim: int) -> torch.Tensor:
     if state.total is None:
         state.total = x.shape[dim]
-        return take_rows(state, x, dim)
+        return take_rows(state, x, dim).clone()  # not a view: H3's blocks write into it, keeping the whole alive
     start, stop = state.bounds
     if x.shape[dim] != stop - start:
         raise ValueError(f"OmniVideo Sequence Parallel: a {state.plan.name} block got {x.shape[dim]} rows, not a slice")
@@ -126,10 +111,27 @@ def _wan_block(state: RankState, args: tuple, kwargs: dict) -> tuple[tuple, dict
     kwargs["freqs"] = state.rows(kwargs["freqs"], 1)  # [1, L, 1, d/2, 2, 2]
     e = kwargs.get("e")
     if isinstance(e, torch.Tensor) and e.dim() == 4 and e.shape[1] > 1:
-        # Wan 2.2 (5B) with a denoise mask: a timestep per latent frame, [B, T, 6, D], which the block repeats over
-        # each frame's rows (repeat_e): give this rank one row per token it holds
-        kwargs["e"] = state.rows(state.expanded(e, 1), 1)
+        kwargs["e"] = _frame_rows(state, e)
     return (x, *args[1:]), kwargs
+
+
+def _frame_rows(state: RankState, e: torch.Tensor) -> torch.Tensor:
+    """Wan 2.2 (5B) under a denoise mask: a timestep per latent frame, [B, T, 6, D], which the block repeats over each
+    frame's rows (repeat_e); this rank gets one row per token it holds, its frame's (without the full table)."""
+    hit = state._sliced.get(("frames", id(e)))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    assert state.total is not None
+    frames = e.shape[1]
+    if state.total % frames:
+        raise ValueError(
+            f"OmniVideo Sequence Parallel: {frames} per-frame timesteps for {state.total} rows; this Wan forward is "
+            "not one it knows how to split"
+        )
+    start, stop = state.bounds
+    local = e.index_select(1, torch.arange(start, stop, device=e.device) // (state.total // frames))
+    state._sliced[("frames", id(e))] = (e, local)
+    return local
 
 
 def _wan_head(state: RankState, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -205,14 +207,21 @@ def _final_hook(module, args, kwargs):
 
 def _attention_enter(module, args, kwargs):
     state = current()
-    if state is not None:
-        state.in_self_attention = True
+    if state is not None and state.total is not None:
+        state.in_self_attention, state.attended = True, False
 
 
 def _attention_leave(module, args, kwargs, output):
     state = current()
-    if state is not None:
-        state.in_self_attention = False
+    if state is None or not state.in_self_attention:
+        return
+    state.in_self_attention = False
+    if not state.attended:  # it attended over this rank's rows alone
+        raise RuntimeError(
+            f"OmniVideo Sequence Parallel: a {state.plan.name} self-attention did not reach its attention override "
+            "(something calls attention another way), so it would see one device's rows only; remove the node that "
+            "replaced it or this one"
+        )
 
 
 def install_hooks(diffusion_model: Any, plan: SplitPlan) -> None:
@@ -237,6 +246,8 @@ def _to_device(value, device: torch.device, keep):
         return value
     if isinstance(value, torch.Tensor):
         return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_to_device(v, device, keep) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device, keep) for v in value)
     if isinstance(value, dict):
@@ -278,16 +289,17 @@ class SequenceSplit:
                 "and would see one device's slice of the sequence: apply that patch before OmniVideo Sequence "
                 "Parallel (nearer the model loader)"
             )
-        replaced = (opts.get("patches_replace") or {}).get("dit") or {}
+        replaced = sorted(name for name, found in (opts.get("patches_replace") or {}).items() if found)
         if replaced:
             raise ValueError(
-                f"OmniVideo Sequence Parallel: {len(replaced)} block(s) of this model are replaced by another patch "
-                "(patches_replace 'dit'), which would run on one device's slice: remove that patch or this node"
+                f"OmniVideo Sequence Parallel: parts of this model are replaced by another patch (patches_replace "
+                f"{', '.join(map(repr, replaced))}), which would see one device's slice: remove that patch or this node"
             )
-        if (opts.get("patches") or {}).get("double_block"):
+        patched = sorted(name for name, found in (opts.get("patches") or {}).items() if found)
+        if patched:
             raise ValueError(
-                "OmniVideo Sequence Parallel: a 'double_block' patch reads each block's whole output, which no "
-                "device holds: remove that patch or this node"
+                f"OmniVideo Sequence Parallel: {', '.join(map(repr, patched))} patches read a block's or an "
+                "attention's whole rows, which no device holds: remove those patches or this node"
             )
         if "multigpu_thread_device" in opts:
             raise ValueError(
@@ -326,12 +338,17 @@ class SequenceSplit:
 
         def rank_forward(rank: int, member):
             device = self.devices[rank]
-            own = _rank_options(opts)
-            a = tuple(own if v is opts else v for v in args)
-            kw = {k: (own if v is opts else v) for k, v in kwargs.items()}
-            if device != here:
-                a, kw = _to_device(a, device, own), _to_device(kw, device, own)
-            replica = self.replicas.get(device, model) if rank else model
+            own = _rank_options(opts or {})
+            if device != here:  # its inputs and options (sigmas, ...) on its device, as core's CFG threads do
+                own = _to_device(own, device, None)
+                args_, kwargs_ = _to_device(args, device, opts), _to_device(kwargs, device, opts)
+            else:
+                args_, kwargs_ = args, kwargs
+            a = tuple(own if v is opts else v for v in args_)
+            kw = {k: (own if v is opts else v) for k, v in kwargs_.items()}
+            replica = self.replicas.get(device) if rank and device != here else model
+            if replica is None:
+                raise RuntimeError(f"OmniVideo Sequence Parallel: no copy of the model on {device} (rank {rank})")
             install_hooks(replica, self.plan)
             forward = original if replica is model else getattr(replica, original.__name__)
             state = RankState(self.plan, SequenceShard(rank, self.size, member))
@@ -343,6 +360,9 @@ class SequenceSplit:
                 raise
             except Exception as exc:
                 if compat.is_interrupt(exc):
+                    raise
+                if isinstance(exc, torch.OutOfMemoryError):  # ComfyUI's own handling (unload, advice) by its type
+                    exc.add_note(f"OmniVideo Sequence Parallel: rank {rank} on {device}")
                     raise
                 raise RuntimeError(f"OmniVideo Sequence Parallel: rank {rank} on {device} failed: {exc}") from exc
             finally:
@@ -360,6 +380,7 @@ class SequenceSplit:
         state = current()
         if state is None or not state.in_self_attention or state.total is None:
             return call_below(self.previous, original, args, kwargs)
+        state.attended = True
         call = call_arguments(args, kwargs)
         q, k, v, heads = call["q"], call["k"], call["v"], int(call["heads"])
         skip_reshape = bool(call.get("skip_reshape", False))
@@ -384,6 +405,22 @@ class SequenceSplit:
         out4 = out.reshape(b, total, local_heads, d)
         tokens = state.shard.to_tokens(out4)  # [B, S_rank, H, D]
         return tokens.reshape(b, tokens.shape[1], heads * d)
+
+
+def unsplit_model(model):
+    """`model` without a split this node put on it (the override below it back on top), or `model` itself."""
+    opts = model.model_options.get("transformer_options", {})
+    split = getattr(opts.get("optimized_attention_override"), "__self__", None)
+    if not isinstance(split, SequenceSplit):
+        return model
+    plain = model.clone()
+    plain_opts = plain.model_options["transformer_options"]
+    if split.previous is None:
+        plain_opts.pop("optimized_attention_override", None)
+    else:
+        plain_opts["optimized_attention_override"] = split.previous
+    plain.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)
+    return plain
 
 
 def split_model(model, size: int, replicate_on_one_device: bool = False):

@@ -7,7 +7,7 @@ from .. import compat
 from ..attention.sequence_parallel import SequenceShard
 from ..backends import PLATFORM, device_count
 from ..compat import io
-from ..integration.core_sequence_parallel import plan_for, split_model
+from ..integration.core_sequence_parallel import plan_for, split_model, unsplit_model
 from ..models.handles import FAMILIES
 from ..parallel.pool import describe_pool
 from ..parallel.rendezvous import operator_ranks
@@ -75,7 +75,7 @@ class OmniVideoSequenceParallel(io.ComfyNode):
                 "one device's. Put it after the loader, LoRA and attention-patch nodes, before the sampler: every "
                 "core sampler, scheduler, CFG / guider and guide works above it. devices must divide the heads "
                 "(Wan 14B: 40, 1.3B: 12, 5B: 24, H3: 56). On the CPU the ranks are threads sharing one copy "
-                "(for testing: no faster). 1 = the model unchanged."
+                "(for testing: no faster). 1 = one device (a split MODEL is unsplit)."
             ),
             inputs=[
                 io.Model.Input("model"),
@@ -89,7 +89,7 @@ class OmniVideoSequenceParallel(io.ComfyNode):
     def execute(cls, model, devices=2) -> io.NodeOutput:
         if devices == 1:
             plan = plan_for(model.model.diffusion_model, 1)  # still refuses a model it could never split
-            return io.NodeOutput(model, ui={"text": [f"{plan.name} on one device (unchanged)"]})
+            return io.NodeOutput(unsplit_model(model), ui={"text": [f"{plan.name} on one device"]})
         split, sequence = split_model(model, devices)
         where = ", ".join(str(d) for d in sequence.devices)
         return io.NodeOutput(split, ui={"text": [f"{sequence.plan.name} split over {devices} ranks: {where}"]})

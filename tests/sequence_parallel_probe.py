@@ -58,7 +58,7 @@ def tiny_wan_state_dict(in_dim=16, out_dim=16, heads=4, seed=0):
 def split(model, devices, below=None):
     if below is not None:
         model = OmniVideoPatchModelAttention.execute(model, below).args[0]
-    return OmniVideoSequenceParallel.execute(model, devices).args[0] if devices > 1 else model
+    return OmniVideoSequenceParallel.execute(model, devices).args[0]
 
 
 def sample(model, latent, cond, cfg=1.0, steps=2, noise_mask=None):
@@ -209,7 +209,7 @@ def wan_cases():
     g = torch.Generator().manual_seed(2)
     cond = [[torch.randn(1, 16, 4096, generator=g) * 0.1, {}]]
     wan21 = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict())
-    latent = torch.zeros(1, 16, 3, 16, 24)  # patch grid (3, 8, 12): 288 rows, 2 and 4 ranks split unevenly? no: even
+    latent = torch.zeros(1, 16, 3, 16, 24)  # patch grid (3, 8, 12): 288 rows
 
     def run21(model, cfg=1.0):
         return sample(model, latent, cond, cfg=cfg)
@@ -268,8 +268,8 @@ def wan_cases():
 
     # refusals
     out["refuse_heads"] = error_of(lambda: split(wan21, 3))
-    vace_like = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict(heads=2))
-    out["refuse_heads_2"] = error_of(lambda: split(vace_like, 4))
+    two_heads = comfy.sd.load_diffusion_model_state_dict(tiny_wan_state_dict(heads=2))
+    out["refuse_heads_2"] = error_of(lambda: split(two_heads, 4))
     above = split(wan21, 2)
     above = OmniVideoPatchModelAttention.execute(above, AttentionConfig("rainfusion", sparsity=0.8)).args[0]
     out["refuse_override_above"] = error_of(lambda: run21(above))
@@ -306,7 +306,15 @@ def wan_cases():
     fake = wan21.clone()
     fake.model = type("M", (), {"diffusion_model": Other()})()
     out["refuse_unknown"] = error_of(lambda: OmniVideoSequenceParallel.execute(fake, 2))
+    patched = split(wan21, 2).clone()  # an attn1 patch reads the attention's rows: refused
+    patched.set_model_attn1_patch(lambda q, k, v, extra_options: (q, k, v))
+    out["refuse_attn1_patch"] = error_of(lambda: run21(patched))
     out["forwards_split"] = forwards_split(wan21, run21)
+    unsplit = split(split(wan21, 2), 1)
+    out["unsplit"] = {
+        "override": "optimized_attention_override" in unsplit.model_options.get("transformer_options", {}),
+        "max_diff": float((run21(unsplit) - run21(wan21)).abs().max()),
+    }
     out["world1_unchanged"] = OmniVideoSequenceParallel.execute(wan21, 1).args[0] is wan21
     return out
 

@@ -3,6 +3,7 @@
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -78,7 +79,27 @@ def test_a_collective_nobody_joins_times_out_instead_of_hanging():
     assert group.aborted
 
 
-def test_ranks_run_on_pooled_threads_and_rank_0_on_the_caller():
+def test_ranks_whose_forwards_differ_fail_instead_of_mixing_their_pieces():
+    def other_kind(rank, member):  # rank 1 gathers where rank 0 trades
+        if rank == 1:
+            member.all_gather([torch.empty(2), torch.empty(2)], torch.ones(2))
+        else:
+            member.all_to_all_single(torch.empty(2), torch.ones(2), [1, 1], [1, 1])
+
+    with pytest.raises(RuntimeError, match=r"met in different collectives \(all_gather, all_to_all\)"):
+        run_ranks(2, other_kind)
+
+    def one_more(rank, member):  # rank 1 takes one collective more
+        for _ in range(2 if rank == 1 else 1):
+            member.all_gather([torch.empty(1), torch.empty(1)], torch.ones(1))
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="finished while another rank waited|after rank 0 finished"):
+        run_ranks(2, one_more)
+    assert time.monotonic() - started < 5  # not the 30-minute collective timeout
+
+
+def test_ranks_run_on_their_own_threads_and_rank_0_on_the_caller():
     names = {}
 
     def body(rank, member):
@@ -156,8 +177,10 @@ def test_core_wan_models_split_over_2_and_4_ranks_equal_one_device(comfyui_path)
     assert "NativeAttentionPatch.override was installed after it" in r["refuse_override_above"], r
     assert "apply that patch before OmniVideo Sequence Parallel" in r["refuse_override_above"], r
     assert "replaced by another patch (patches_replace 'dit')" in r["refuse_block_replaced"], r
+    assert "'attn1_patch' patches read a block's or an attention's whole rows" in r["refuse_attn1_patch"], r
+    assert r["unsplit"] == {"override": False, "max_diff": 0.0}, r["unsplit"]  # devices 1 unsplits a split MODEL
     assert r["refuse_unknown"].startswith("ValueError: OmniVideo Sequence Parallel cannot split Other"), r
-    assert r["world1_unchanged"] is True
+    assert r["world1_unchanged"] is True  # devices 1 on a MODEL that is not split: the MODEL itself
     replicas = r["replicas"]  # the several-GPU path (core's per-device copies), on one CPU
     if "refused" in replicas:  # 0.3.64: no deepclone_multigpu
         assert "update ComfyUI to split a model over several GPUs" in replicas["refused"], replicas
