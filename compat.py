@@ -343,6 +343,17 @@ def diffusion_model_wrapper_type() -> str:
         return "diffusion_model"
 
 
+def outer_sample_wrapper_type() -> str:
+    """ComfyUI's wrapper slot around a whole sampling run (WrappersMP.OUTER_SAMPLE: its executor's class_obj is the
+    guider, with the run's conds)."""
+    try:
+        from comfy.patcher_extension import WrappersMP
+
+        return WrappersMP.OUTER_SAMPLE
+    except Exception:
+        return "outer_sample"
+
+
 def attention_override_supported() -> bool:
     """Whether this ComfyUI honours transformer_options["optimized_attention_override"] (0.3.6x+)."""
     try:

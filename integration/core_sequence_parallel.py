@@ -307,6 +307,20 @@ class SequenceSplit:
                 "once; use one of them"
             )
 
+    # OUTER_SAMPLE wrapper: outer_sample(executor, noise, latent_image, sampler, sigmas, ...), class_obj the guider
+    def outer_sample(self, executor, *args, **kwargs):
+        """Refuses hooks on the run's conds (Create Hook LoRA, keyframed hooks) where other devices hold copies:
+        core applies hooks to the MODEL it samples, device 0's, and the copies would run without them."""
+        conds = getattr(executor.class_obj, "conds", None) or {}
+        hooked = any(isinstance(c, dict) and c.get("hooks") is not None for group in conds.values() for c in group)
+        if hooked and self.replicas:
+            raise ValueError(
+                "OmniVideo Sequence Parallel: this run's conditioning carries hooks (hook LoRAs, keyframed hooks), "
+                "which ComfyUI applies to the first device's copy of the model only: on several devices use a LoRA "
+                "loader instead, or remove this node"
+            )
+        return executor(*args, **kwargs)
+
     # DIFFUSION_MODEL wrapper: wrapper(executor, x, timestep, context, ..., transformer_options, ...)
     def wrapper(self, executor, *args, **kwargs):
         """Splits at the innermost point, wherever this wrapper sits among the MODEL's: every other DIFFUSION_MODEL
@@ -419,7 +433,8 @@ def unsplit_model(model):
         plain_opts.pop("optimized_attention_override", None)
     else:
         plain_opts["optimized_attention_override"] = split.previous
-    plain.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)
+    for kind in (compat.diffusion_model_wrapper_type(), compat.outer_sample_wrapper_type()):
+        plain.remove_wrappers_with_key(kind, WRAPPER_KEY)
     return plain
 
 
@@ -436,6 +451,10 @@ def split_model(model, size: int, replicate_on_one_device: bool = False):
     opts = split.model_options.setdefault("transformer_options", {})
     sequence = SequenceSplit(plan, ranks, replicas, previous=opts.get("optimized_attention_override"))
     opts["optimized_attention_override"] = sequence.override
-    split.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)
-    split.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, sequence.wrapper)
+    for kind, wrapper in (
+        (compat.diffusion_model_wrapper_type(), sequence.wrapper),
+        (compat.outer_sample_wrapper_type(), sequence.outer_sample),
+    ):
+        split.remove_wrappers_with_key(kind, WRAPPER_KEY)
+        split.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)
     return split, sequence

@@ -22,6 +22,7 @@ from comfy.cli_args import args  # noqa: E402
 
 args.cpu = True
 
+import comfy.hooks  # noqa: E402
 import comfy.ldm.wan.model as wan  # noqa: E402
 import comfy.model_management  # noqa: E402
 import comfy.ops  # noqa: E402
@@ -142,6 +143,8 @@ def replica_cases(cond):
     with_lora = comfy.sd.load_lora_for_models(model, None, lora, 1.0, 0.0)[0]
     after = comfy.sd.load_lora_for_models(split, None, lora, 1.0, 0.0)[0]
     out["lora_after_max_diff"] = float((sample(after, latent, cond) - sample(with_lora, latent, cond)).abs().max())
+    hooked = comfy.hooks.set_hooks_for_conditioning(cond, comfy.hooks.create_hook_lora(lora, 1.0, 0.0))
+    out["refuse_hooks"] = error_of(lambda: sample(split, latent, hooked))
     out["lora_changes_output"] = float((sample(with_lora, latent, cond) - one).abs().max())
     out["scale"] = float(one.abs().max())
     return out
@@ -309,6 +312,16 @@ def wan_cases():
     patched = split(wan21, 2).clone()  # an attn1 patch reads the attention's rows: refused
     patched.set_model_attn1_patch(lambda q, k, v, extra_options: (q, k, v))
     out["refuse_attn1_patch"] = error_of(lambda: run21(patched))
+    # a hook LoRA on the conditioning (Create Hook LoRA + Cond Set Props): the ranks share the hooked module here
+    g = torch.Generator().manual_seed(8)
+    q = wan21.model.diffusion_model.blocks[1].self_attn.q.weight
+    hook_lora = {
+        "diffusion_model.blocks.1.self_attn.q.lora_up.weight": torch.randn(q.shape[0], 4, generator=g) * 0.5,
+        "diffusion_model.blocks.1.self_attn.q.lora_down.weight": torch.randn(4, q.shape[1], generator=g) * 0.5,
+    }
+    hooked = comfy.hooks.set_hooks_for_conditioning(cond, comfy.hooks.create_hook_lora(hook_lora, 1.0, 0.0))
+    out["wan21_hook_lora"] = compare(lambda n: sample(split(wan21, n), latent, hooked))
+    out["hook_lora_changes_output"] = float((sample(wan21, latent, hooked) - run21(wan21)).abs().max())
     out["forwards_split"] = forwards_split(wan21, run21)
     unsplit = split(split(wan21, 2), 1)
     out["unsplit"] = {
