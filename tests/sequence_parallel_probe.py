@@ -31,6 +31,7 @@ import comfy.sd  # noqa: E402
 import comfy.utils  # noqa: E402
 
 import omnivideo.integration.core_sequence_parallel as split_module  # noqa: E402
+import omnivideo.integration.sequence_plans as plans  # noqa: E402
 from omnivideo.attention.config import AttentionConfig  # noqa: E402
 from omnivideo.nodes.attention import OmniVideoPatchModelAttention  # noqa: E402
 from omnivideo.nodes.parallel import OmniVideoSequenceParallel  # noqa: E402
@@ -152,7 +153,7 @@ def replica_cases(cond):
 
 def negative_control(model, run_sampling):
     """Rank 1 takes rank 0's rows: the split must then differ from one device (the equality test can fail)."""
-    real = split_module.take_rows
+    real = plans.take_rows
 
     def wrong(state, t, dim):
         if state.shard.rank == 1:
@@ -160,11 +161,11 @@ def negative_control(model, run_sampling):
         return real(state, t, dim)
 
     one = run_sampling(model)
-    split_module.take_rows = wrong
+    plans.take_rows = wrong
     try:
         got = run_sampling(split(model, 2))
     finally:
-        split_module.take_rows = real
+        plans.take_rows = real
     return float((got - one).abs().max())
 
 
@@ -174,7 +175,7 @@ def on_rank_1(model, run_sampling, act):
     real = split_module.SequenceSplit.override
 
     def hooked(self, original, *a, **kw):
-        state = split_module.current()
+        state = plans.current()
         if state is not None and state.shard.rank == 1 and state.in_self_attention:
             act()
         return real(self, original, *a, **kw)
