@@ -57,9 +57,10 @@ def _rank_options(opts: dict) -> dict:
 
 
 class SequenceSplit:
-    """The wrapper and the override of one MODEL split over `devices` (rank r on devices[r]). `replicas`: the
-    diffusion model each other device runs (core's per-device clones); absent devices run the MODEL's own module.
-    `previous`: the attention override that was on the MODEL before; it gets every call, ours with fewer heads."""
+    """The wrappers and the override of one MODEL split over `devices` (rank r on devices[r]). `replicas`: the
+    diffusion model each other device runs (core's per-device clones); ranks on rank 0's device (the CPU) run the
+    MODEL's own module. `previous`: the attention override that was on the MODEL before; it gets every call, ours
+    with fewer heads."""
 
     def __init__(self, plan: SplitPlan, devices: list[torch.device], replicas: dict | None = None, previous=None):
         owner = getattr(previous, "__self__", None)
