@@ -24,6 +24,7 @@ args.cpu = True
 
 import comfy.sd  # noqa: E402
 from comfy_extras.nodes_minimax_h3 import EmptyMiniMaxH3LatentAV  # noqa: E402
+from support.differences import difference  # noqa: E402
 from support.h3_core_files import core_keys  # noqa: E402
 from support.h3_tiny import TRANSFORMER, make_models  # noqa: E402
 
@@ -103,9 +104,12 @@ def refiner_untouched(patched) -> dict:
     refiner_calls = stats.dense_calls["text refiner"]
     with torch.no_grad():
         refined = model.preprocess_text_embeds(text)
-    equal = bool(torch.equal(raw, forward(refined)))
     # no payload here: the wrapper built the layout itself, and the blocks went sparse with it
-    return {"equal": equal, "refiner_calls": refiner_calls, "block_sparse_calls": stats.sparse_calls}
+    return {
+        "vs_refined": difference(raw, forward(refined)),
+        "refiner_calls": refiner_calls,
+        "block_sparse_calls": stats.sparse_calls,
+    }
 
 
 def main():

@@ -23,6 +23,7 @@ args.cpu = True
 import comfy.model_management as mm  # noqa: E402
 import folder_paths  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from support.differences import difference  # noqa: E402
 from support.h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, text_inputs, write_folder  # noqa: E402
 
 from omnivideo import compat  # noqa: E402
@@ -50,10 +51,6 @@ def write_lora(folder: Path, name: str, transformer, seed: int) -> str:
 def weights(model) -> dict[str, torch.Tensor]:
     """The transformer's weights as ComfyUI loads them for this handle (patches applied)."""
     return {k: v.detach().clone() for k, v in compat.loaded(model.patcher).state_dict().items()}
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def run(model):
@@ -99,12 +96,12 @@ def main() -> dict:
         "is_model_patcher": type(stacked.patcher).__name__ == "ModelPatcher",
         "shares_the_network": stacked.transformer is model.transformer
         and other_strength.transformer is model.transformer,
-        "stacked_equals_merge": same(stacked_weights, merged(("a.safetensors", 0.7), ("b.safetensors", -0.4))),
-        "stacked_differs_from_base": not same(stacked_weights, base),
-        "other_strength_equals_merge": same(other_weights, merged(("a.safetensors", 0.3))),
-        "unpatched_is_base": same(unpatched_again, base),
+        "stacked_vs_merge": difference(stacked_weights, merged(("a.safetensors", 0.7), ("b.safetensors", -0.4))),
+        "stacked_vs_base": difference(stacked_weights, base),
+        "other_strength_vs_merge": difference(other_weights, merged(("a.safetensors", 0.3))),
+        "unpatched_vs_base": difference(unpatched_again, base),
         "streamed_layers": streamed,
-        "partial_equals_full": torch.equal(full, partial),
+        "partial_vs_full": difference(partial, full),
         "load_args_loras": [(Path(r["path"]).name, r["strength"]) for r in stacked.load_args["loras"]],
     }
 

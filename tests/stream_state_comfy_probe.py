@@ -15,6 +15,7 @@ import torch
 from wan_vae_comfy_probe import comfy_vae  # noqa: E402  (sets up ComfyUI: first)
 
 # isort: split
+from support.differences import difference  # noqa: E402
 from support.omnidreams_tiny import TINY, TINY_4_HEADS, stored_state_dict  # noqa: E402
 
 from omnivideo import compat  # noqa: E402
@@ -94,8 +95,9 @@ def main(out_dir: str) -> dict:
     flushed = sum(w.shape[0] for w in first[2:])
     result = {
         "keys": sorted(saved.state.tensors),
-        "resumed_bit_for_bit": torch.equal(before_flush, whole[: len(before_flush)])
-        and torch.equal(second, whole[len(before_flush) + flushed :]),
+        "resumed_bit_for_bit": difference(
+            [before_flush, second], [whole[: len(before_flush)], whole[len(before_flush) + flushed :]]
+        ),
         "frames": [len(before_flush), flushed, len(second), len(whole)],
         "genuine_at_prompt": OmniDreamsStream.validate_inputs(resume_from="real.safetensors"),
     }

@@ -83,7 +83,7 @@ def test_no_second_copy_and_core_forwards_afterwards(probe):
     # the fast forwards are on ComfyUI's modules only while our decode runs
     assert s["patched_during"] > 0 and s["patched_after"] == [], s
     # core VAE Decode of the same VAE object afterwards: no fused op runs, and the same pixels
-    assert s["core_after_ours_fused_calls"] == 0 and s["core_after_ours_equal"]
+    assert s["core_after_ours_fused_calls"] == 0 and s["core_after_ours"]["equal"], s["core_after_ours"]
     # one progress step per decoder call (its latent frames x batch), through ComfyUI's progress bar
     assert [v for v, _ in s["progress"]] == s["expected_progress"], s["progress"]
     assert s["expected_progress"][-1] == s["latent_frames"] and len(s["progress"]) > 1

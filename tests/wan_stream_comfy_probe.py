@@ -8,6 +8,7 @@ import json
 import sys
 
 import torch
+from support.differences import difference  # noqa: E402
 from wan_vae_comfy_probe import COMFY_FULL, SLIM, TINY, comfy_vae, core_decode, latent  # noqa: E402  (sets up ComfyUI)
 
 from omnivideo.pipelines.omnidreams.stream import WanChunks  # noqa: E402
@@ -34,13 +35,13 @@ def with_held(out, wan):
     return torch.cat(out + ([held] if held is not None else []))
 
 
-def resumed_equal(vae, z, fusion, after) -> bool:
+def resumed(vae, z, fusion, after) -> dict:
     """Run 1 (`after` chunks) gives core's whole decode of its latent frames, run 2 the rest of the whole decode
     of all of them (ComfyUI's 2026 decoder decodes run 1's last latent frame alone at its end, as a whole decode of
     run 1's latents does; run 2 decodes it again with its successor and keeps only the new frames)."""
     first, second = chunked_decode(vae, z, fusion, resume_after=after)
     whole = core_decode(vae, z)
-    return torch.equal(first, core_decode(vae, z[:, :, : 2 * after])) and torch.equal(second, whole[-second.shape[0] :])
+    return difference([first, second], [core_decode(vae, z[:, :, : 2 * after]), whole[-second.shape[0] :]])
 
 
 def chunked_encode(vae, frames, resume_after=None):
@@ -63,11 +64,11 @@ def check(vae, z, fusions, frames) -> dict:
     whole = core_decode(vae, z)
     result = {"frames": whole.shape[0]}
     for fusion in fusions:
-        result[f"decode/{fusion}"] = torch.equal(chunked_decode(vae, z, fusion)[0], whole)
-    result["decode/resumed"] = resumed_equal(vae, z, fusions[0], after=1)
+        result[f"decode/{fusion}"] = difference(chunked_decode(vae, z, fusion)[0], whole)
+    result["decode/resumed"] = resumed(vae, z, fusions[0], after=1)
     core = vae.encode(frames)
-    result["encode"] = torch.equal(chunked_encode(vae, frames), core)
-    result["encode/resumed"] = torch.equal(chunked_encode(vae, frames, resume_after=1), core)
+    result["encode"] = difference(chunked_encode(vae, frames), core)
+    result["encode/resumed"] = difference(chunked_encode(vae, frames, resume_after=1), core)
     return result
 
 
