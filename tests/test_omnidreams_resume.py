@@ -63,22 +63,6 @@ def test_state_from_another_size_is_refused_clearly(model, inputs):
         other.load_state_dict(run.state_dict())
 
 
-def test_prompt_schedule_parses_and_refuses_clearly():
-    assert pipe.parse_prompt_schedule("0: a red car, at dusk, 40: rain starts\n90:night") == [
-        (0, "a red car, at dusk"),
-        (40, "rain starts"),
-        (90, "night"),
-    ]
-    for bad, why in [
-        ("a car", "must start with a chunk index"),
-        ("0: a car, 0: again", "must increase"),
-        ("0: a car, 5:", "entry for chunk 5 is empty"),
-        ("0: x" * 20000, "at most"),
-    ]:
-        with pytest.raises(ValueError, match=why):
-            pipe.parse_prompt_schedule(bad)
-
-
 def test_prompt_schedule_switches_the_text_at_its_chunks(model, inputs):
     text, first, _ = inputs
     other = torch.randn(text.shape, generator=torch.Generator().manual_seed(9))

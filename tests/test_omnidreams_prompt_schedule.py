@@ -1,6 +1,7 @@
-"""The prompt schedule's memory: each distinct prompt is encoded once and shared by the entries that repeat it, the
-distinct prompts' embeddings are bounded in bytes before anything is encoded, and the peak memory of a 256-entry
-schedule (node and sampler, in a fresh process) stays near a one-entry schedule's."""
+"""The prompt schedule (pipelines/omnidreams/prompts.py): its text parsed and refused clearly; its memory: each
+distinct prompt is encoded once and shared by the entries that repeat it, the distinct prompts' embeddings are bounded
+in bytes before anything is encoded, and the peak memory of a 256-entry schedule (node and sampler, in a fresh
+process) stays near a one-entry schedule's. Its switches inside a rollout: test_omnidreams_resume."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def _spy_encode(monkeypatch, encode=None) -> list[str]:
 
     monkeypatch.setattr(nodes, "encode_prompt", spy)
     return prompts
+
+
+def test_prompt_schedule_parses_and_refuses_clearly():
+    assert pipe.parse_prompt_schedule("0: a red car, at dusk, 40: rain starts\n90:night") == [
+        (0, "a red car, at dusk"),
+        (40, "rain starts"),
+        (90, "night"),
+    ]
+    for bad, why in [
+        ("a car", "must start with a chunk index"),
+        ("0: a car, 0: again", "must increase"),
+        ("0: a car, 5:", "entry for chunk 5 is empty"),
+        ("0: x" * 20000, "at most"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            pipe.parse_prompt_schedule(bad)
 
 
 def test_identical_prompts_are_encoded_once_and_shared(encoder, monkeypatch):
