@@ -1,12 +1,12 @@
 """The one attention call every model in the pack uses, and the RainFusion plan resolution.
 
-    attention(q, k, v, config, scale=..., layout=AttnLayout(prefix_len, grid, kv_lengths),
+    attention(q, k, v, config, scale=..., rows=AttnRows(prefix_len, grid, kv_lengths),
               step=i, layer=j, stats=stats)
 
 q, k, v are [B, S, H, D]. `config` is the OmniVideo Attention node's output. For the
 RainFusion backend the call decides, per call, whether block-sparse attention applies
 (like vLLM-Omni's integration): dense during the first `start_step` steps, in
-`skip_layers`, below `min_video_blocks` video blocks, and when the layout is missing or does
+`skip_layers`, below `min_video_blocks` video blocks, and when the rows (`AttnRows`) are missing or do
 not describe the sequence - each reason logged once. Dense calls go to the fastest exact
 backend; sparse calls to the fastest usable RainFusion executor. Nominal and realized
 sparsity are accumulated in `AttentionStats`.
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from ..backends import PLATFORM, Platform, resolve
 from ..backends.log_once import log_once
 from .config import AttentionConfig, normalize_config
-from .layout import AttnLayout
 from .registrations import sparse_names
+from .rows import AttnRows
 
 
 @dataclass
@@ -74,7 +74,7 @@ def log_dense_once(key: str, message: str) -> None:
 
 
 def dense_reason(
-    config: AttentionConfig, q, k, layout: AttnLayout | None, step: int | None, layer: int | None
+    config: AttentionConfig, q, k, rows: AttnRows | None, step: int | None, layer: int | None
 ) -> tuple[str, str] | None:
     """(key, message) when this call must stay dense, else None."""
     b, s = q.shape[:2]
@@ -84,21 +84,21 @@ def dense_reason(
         return "skip_layers", f"layer {layer} is in skip_layers {config.skip_layers!r}"
     if step is not None and step < config.start_step:
         return "warm-up", f"step {step} < start_step {config.start_step}"
-    if layout is None or layout.grid is None:
+    if rows is None or rows.grid is None:
         return "no layout", "the caller passed no latent grid (t, h, w); RainFusion needs it"
-    if layout.kv_lengths is not None and (b != 1 or len(layout.kv_lengths) != 1):
-        return "layout inconsistent", f"packed lengths {layout.kv_lengths} for batch {b}: only batch 1 is packed"
-    if any(int(g) <= 0 for g in layout.grid) or layout.prefix_len < 0:
-        return "layout inconsistent", f"grid {layout.grid} / prefix {layout.prefix_len} is not a video layout"
-    real = layout.real_len(s)
-    if layout.prefix_len + layout.video_len != real or real > s:
+    if rows.kv_lengths is not None and (b != 1 or len(rows.kv_lengths) != 1):
+        return "layout inconsistent", f"packed lengths {rows.kv_lengths} for batch {b}: only batch 1 is packed"
+    if any(int(g) <= 0 for g in rows.grid) or rows.prefix_len < 0:
+        return "layout inconsistent", f"grid {rows.grid} / prefix {rows.prefix_len} is not a video layout"
+    real = rows.real_len(s)
+    if rows.prefix_len + rows.video_len != real or real > s:
         return (
             "layout inconsistent",
-            f"prefix {layout.prefix_len} + video {layout.grid} = "
-            f"{layout.prefix_len + layout.video_len} rows, but the real sequence has {real}: the video must "
+            f"prefix {rows.prefix_len} + video {rows.grid} = "
+            f"{rows.prefix_len + rows.video_len} rows, but the real sequence has {real}: the video must "
             f"be the tail of the real rows",
         )
-    blocks = math.ceil(layout.video_len / config.block_size)
+    blocks = math.ceil(rows.video_len / config.block_size)
     if blocks < config.min_video_blocks:
         return "short video", f"{blocks} video blocks < {config.min_video_blocks}"
     return None
@@ -137,7 +137,7 @@ def sparse_backend(config: AttentionConfig, platform: Platform | None = None):
 
 def bind(config: AttentionConfig | dict | None = None, platform: Platform | None = None):
     """`attention` with `config` applied and its implementation resolved now, for a model that calls it many
-    times: `fn(q, k, v, *, scale=None, layout=None, layer=None)`. A dense config binds the implementation itself
+    times: `fn(q, k, v, *, scale=None, rows=None, layer=None)`. A dense config binds the implementation itself
     (nothing but the kernel call is left per call, so torch.compile traces it without a break); a sparse one
     keeps `attention`'s per-call dense/sparse decision."""
     config = normalize_config(config)
@@ -146,8 +146,8 @@ def bind(config: AttentionConfig | dict | None = None, platform: Platform | None
     _, fn = dense_backend(config, platform)
     accepted = _accepted(fn)
 
-    def dense(q, k, v, *, scale=None, layout=None, layer=None):
-        kwargs = {"scale": scale, "layout": layout}
+    def dense(q, k, v, *, scale=None, rows=None, layer=None):
+        kwargs = {"scale": scale, "rows": rows}
         return fn(q, k, v, **{name: value for name, value in kwargs.items() if name in accepted})
 
     return dense
@@ -160,7 +160,7 @@ def attention(
     config: AttentionConfig | dict | None = None,
     *,
     scale: float | None = None,
-    layout: AttnLayout | None = None,
+    rows: AttnRows | None = None,
     step: int | None = None,
     layer: int | None = None,
     stats: AttentionStats | None = None,
@@ -176,22 +176,22 @@ def attention(
     config = normalize_config(config)
     if not config.is_sparse:
         _, fn = dense_backend(config, platform)
-        return _call(fn, q, k, v, scale=scale, layout=layout)
+        return _call(fn, q, k, v, scale=scale, rows=rows)
 
-    why = dense_reason(config, q, k, layout, step, layer)
+    why = dense_reason(config, q, k, rows, step, layer)
     if why is not None:
         log_dense_once(*why)
         if stats is not None:
             stats.count_dense(why[0])
         _, fn = dense_backend(None, platform)
-        return _call(fn, q, k, v, scale=scale, layout=layout)
+        return _call(fn, q, k, v, scale=scale, rows=rows)
 
     name, fn = sparse_backend(config, platform)
-    assert layout is not None and layout.grid is not None  # dense_reason keeps calls without them dense
+    assert rows is not None and rows.grid is not None  # dense_reason keeps calls without them dense
     s = q.shape[1]
-    real = layout.real_len(s)
-    t, h, w = (int(g) for g in layout.grid)
-    run_layout = AttnLayout(layout.prefix_len, (t, h, w))
+    real = rows.real_len(s)
+    t, h, w = (int(g) for g in rows.grid)
+    run_rows = AttnRows(rows.prefix_len, (t, h, w))
     info: dict = {}
     if real < s:  # packed [real | pad], batch 1: attend the real rows only, padding rows are never read
         out = q.new_zeros(q.shape)
@@ -201,7 +201,7 @@ def attention(
             k[:, :real],
             v[:, :real],
             scale=scale,
-            layout=run_layout,
+            rows=run_rows,
             sparsity=config.sparsity,
             block_size=config.block_size,
             stats=info,
@@ -213,7 +213,7 @@ def attention(
             k,
             v,
             scale=scale,
-            layout=run_layout,
+            rows=run_rows,
             sparsity=config.sparsity,
             block_size=config.block_size,
             stats=info,

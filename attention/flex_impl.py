@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from ..backends.attention import flex_compiles_on
-from .layout import AttnLayout, resolve_scale
 from .rainfusion import plan_and_permute, protected_positions, record_stats
+from .rows import AttnRows, resolve_scale
 
 _tables: dict[tuple, torch.Tensor] = {}
 
@@ -81,13 +81,13 @@ def block_mask_from_plan(plan, device, rows: torch.Tensor | None = None):
 
 
 def flex_block_sparse(
-    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
+    q, k, v, *, rows: AttnRows, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
 ):
     """Protected query rows (first frame, dense rows) run dense SDPA in the original order - exact, and
     the dense kernel is faster per row; the other query blocks run flex over their kept key blocks."""
     b, s, h, d = q.shape
     scale = resolve_scale(q, scale)
-    qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
+    qp, kp, vp, plan = plan_and_permute(q, k, v, rows.grid, rows.prefix_len, sparsity, scale, block_size)
     record_stats(stats, plan)
     out = torch.empty_like(q)
     perm, bs, nb = plan.order.perm, block_size, plan.n_blocks

@@ -1,6 +1,6 @@
 """Ascend NPU attention through MindIE-SD (`mindiesd`, needs torch_npu).
 
-Thin wrappers that translate our [B, S, H, D] + layout call into MindIE's contracts:
+Thin wrappers that translate our [B, S, H, D] + AttnRows call into MindIE's contracts:
 - packed varlen: `attention_forward_varlen` in TND with cumulative ends `[0, used, total]`
   as host lists (no device sync);
 - laser (`MINDIE_SD_FA_TYPE=ascend_laser_attention`): `attention_forward` in BNSD on K/V
@@ -22,9 +22,9 @@ import torch
 
 from ..backends.attention import NPU_BLOCK_SIZE
 from ..backends.log_once import log_once
-from .layout import AttnLayout, key_padding_mask, packed_used
-from .layout import resolve_scale as _scale
 from .rainfusion import plan_and_permute
+from .rows import AttnRows, key_padding_mask, packed_used
+from .rows import resolve_scale as _scale
 
 LASER_PRESCALE = 256.0
 
@@ -33,7 +33,7 @@ def _mindiesd():
     return importlib.import_module("mindiesd")
 
 
-def _masked_fallback(q, k, v, scale, layout: AttnLayout):
+def _masked_fallback(q, k, v, scale, rows: AttnRows):
     """Packed contract failed: attend with an O(B*S) key-padding mask rebuilt from kv_lengths."""
     log_once(
         ("npu packed contract",),
@@ -43,24 +43,24 @@ def _masked_fallback(q, k, v, scale, layout: AttnLayout):
     )
     from .torch_impl import _sdpa
 
-    return _sdpa(q, k, v, scale, key_padding_mask(layout, q.shape[0], q.shape[1], q.device))
+    return _sdpa(q, k, v, scale, key_padding_mask(rows, q.shape[0], q.shape[1], q.device))
 
 
-def _packed(q, layout: AttnLayout | None) -> tuple[int | None, bool]:
+def _packed(q, rows: AttnRows | None) -> tuple[int | None, bool]:
     """(real rows of the packed [real|pad] contract or None, whether to take the masked fallback)."""
     b, s = q.shape[:2]
-    used = packed_used(layout, b, s)
-    return used, layout is not None and layout.kv_lengths is not None and used is None and b > 1
+    used = packed_used(rows, b, s)
+    return used, rows is not None and rows.kv_lengths is not None and used is None and b > 1
 
 
-def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
+def npu_fusion_varlen(q, k, v, *, scale=None, rows: AttnRows | None = None):
     scale = _scale(q, scale)
     b, s, h, d = q.shape
-    used, masked = _packed(q, layout)
-    if masked and layout is not None:
-        return _masked_fallback(q, k, v, scale, layout)
-    if used is None and layout is not None and layout.kv_lengths is not None:
-        key_padding_mask(layout, b, s, q.device)  # validates (raises on unusable lengths)
+    used, masked = _packed(q, rows)
+    if masked and rows is not None:
+        return _masked_fallback(q, k, v, scale, rows)
+    if used is None and rows is not None and rows.kv_lengths is not None:
+        key_padding_mask(rows, b, s, q.device)  # validates (raises on unusable lengths)
     cu = [0, used, s] if used is not None else list(range(0, (b + 1) * s, s))
     out = _mindiesd().attention_forward_varlen(
         q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d), cu, cu, softmax_scale=scale
@@ -68,12 +68,12 @@ def npu_fusion_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
     return out.view(b, s, h, d)
 
 
-def npu_laser(q, k, v, *, scale=None, layout: AttnLayout | None = None):
+def npu_laser(q, k, v, *, scale=None, rows: AttnRows | None = None):
     scale = _scale(q, scale)
     s = q.shape[1]
-    used, masked = _packed(q, layout)
-    if masked and layout is not None:
-        return _masked_fallback(q, k, v, scale, layout)
+    used, masked = _packed(q, rows)
+    if masked and rows is not None:
+        return _masked_fallback(q, k, v, scale, rows)
     n = used if used is not None else s
     c = LASER_PRESCALE
     qs, ks, vs = ((x[:, :n] / c).transpose(1, 2) for x in (q, k, v))  # BNSD
@@ -93,7 +93,7 @@ RF_KERNEL = ("mindiesd.layers.flash_attn.sparse_flash_attn_rf_v2", "rain_fusion_
 
 def mindie_block_tables(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[H, nb, nb] bool -> MindIE's (select_idx [nb, H, nb] int64: kept key blocks ascending, then -1;
-    select_num_idx [nb, H] int64), the layout its rain_fusion_attention kernel reads."""
+    select_num_idx [nb, H] int64), the tables its rain_fusion_attention kernel reads."""
     nb = block_mask.shape[-1]
     num = block_mask.sum(-1)
     idx = torch.argsort((~block_mask).to(torch.int8), dim=-1, stable=True)
@@ -106,7 +106,7 @@ def npu_rainfusion(
     k,
     v,
     *,
-    layout: AttnLayout,
+    rows: AttnRows,
     sparsity: float,
     scale=None,
     block_size: int = NPU_BLOCK_SIZE,
@@ -121,7 +121,7 @@ def npu_rainfusion(
     kept = total = 0
     for i in range(b):
         qp, kp, vp, plan = plan_and_permute(
-            q[i : i + 1], k[i : i + 1], v[i : i + 1], layout.grid, layout.prefix_len, sparsity, scale, block_size
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], rows.grid, rows.prefix_len, sparsity, scale, block_size
         )
         select_idx, select_num = mindie_block_tables(plan.block_mask[0])
         o = kernel(

@@ -1,7 +1,7 @@
 """Attention in plain torch: dense SDPA, packed varlen, and two RainFusion executors.
 
 Every function takes q, k, v as [B, S, H, D] and returns [B, S, H, D]. Packed inputs
-(`layout.kv_lengths`) are handled without the O(S^2) padding mask: K/V are sliced to the
+(`rows.kv_lengths`) are handled without the O(S^2) padding mask: K/V are sliced to the
 real rows (batch 1) or masked with an O(B*S) key-padding mask (batch > 1).
 """
 
@@ -12,9 +12,9 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from .layout import AttnLayout, key_padding_mask, packed_used
-from .layout import resolve_scale as _scale
 from .rainfusion import plan_and_permute, protected_positions, record_stats, token_mask
+from .rows import AttnRows, key_padding_mask, packed_used
+from .rows import resolve_scale as _scale
 
 
 def _sdpa(q, k, v, scale, attn_mask=None):
@@ -32,15 +32,15 @@ def _sliced(q, k, v, used, fn):
     return out
 
 
-def sdpa(q, k, v, *, scale=None, layout: AttnLayout | None = None):
+def sdpa(q, k, v, *, scale=None, rows: AttnRows | None = None):
     """torch scaled_dot_product_attention; honours packed lengths mask-free."""
     scale = _scale(q, scale)
     b, s = q.shape[:2]
-    used = packed_used(layout, b, s)
+    used = packed_used(rows, b, s)
     if used is not None:
         return _sliced(q, k, v, used, lambda q_, k_, v_: _sdpa(q_, k_, v_, scale))
-    if layout is not None and layout.kv_lengths is not None and b > 1:
-        return _sdpa(q, k, v, scale, key_padding_mask(layout, b, s, q.device))
+    if rows is not None and rows.kv_lengths is not None and b > 1:
+        return _sdpa(q, k, v, scale, key_padding_mask(rows, b, s, q.device))
     return _sdpa(q, k, v, scale)
 
 
@@ -75,13 +75,13 @@ def _sdpa_pinned(q, k, v, scale):
     return _sdpa(q, k, v, scale)
 
 
-def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
+def flash_varlen(q, k, v, *, scale=None, rows: AttnRows | None = None):
     """Packed mask-free attention: flash_attn_varlen_func when available, else K/V slicing + SDPA."""
     scale = _scale(q, scale)
     b, s, h, d = q.shape
-    used = packed_used(layout, b, s)
-    if layout is not None and layout.kv_lengths is not None and used is None and b > 1:
-        return sdpa(q, k, v, scale=scale, layout=layout)  # not the packed contract: O(B*S) key mask
+    used = packed_used(rows, b, s)
+    if rows is not None and rows.kv_lengths is not None and used is None and b > 1:
+        return sdpa(q, k, v, scale=scale, rows=rows)  # not the packed contract: O(B*S) key mask
     fa = _flash_attn_varlen() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
     if fa is not None:
         if used is None:
@@ -97,11 +97,11 @@ def flash_varlen(q, k, v, *, scale=None, layout: AttnLayout | None = None):
 
 
 def rainfusion_reference(
-    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
+    q, k, v, *, rows: AttnRows, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
 ):
     """Reference: rf_v2 block mask expanded to a boolean [S, S] mask, then SDPA (tests, small inputs)."""
     scale = _scale(q, scale)
-    _, _, _, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
+    _, _, _, plan = plan_and_permute(q, k, v, rows.grid, rows.prefix_len, sparsity, scale, block_size)
     record_stats(stats, plan)
     # in the original row order, so fully kept rows compute exactly what dense SDPA computes
     return _sdpa(q, k, v, scale, token_mask(plan))
@@ -112,7 +112,7 @@ def block_sparse_gather(
     k,
     v,
     *,
-    layout: AttnLayout,
+    rows: AttnRows,
     sparsity: float,
     scale=None,
     block_size: int = 128,
@@ -126,15 +126,15 @@ def block_sparse_gather(
     """
     scale = _scale(q, scale)
     b, s, h, d = q.shape
-    qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
+    qp, kp, vp, plan = plan_and_permute(q, k, v, rows.grid, rows.prefix_len, sparsity, scale, block_size)
     record_stats(stats, plan)
     out = torch.empty_like(q)
     perm, bs, nb = plan.order.perm, block_size, plan.n_blocks
 
     dense_pos = protected_positions(plan)
     if dense_pos.numel():
-        rows = perm[dense_pos]
-        out[:, rows] = _sdpa(q[:, rows], k, v, scale)
+        dense_rows = perm[dense_pos]
+        out[:, dense_rows] = _sdpa(q[:, dense_rows], k, v, scale)
 
     sparse_blocks = (~plan.protected).nonzero().squeeze(1)
     if sparse_blocks.numel() == 0:

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import AttnLayout, resolve_scale
 from .rainfusion import plan_and_permute, record_stats
+from .rows import AttnRows, resolve_scale
 
 
 @triton.jit
@@ -93,11 +93,11 @@ def block_sparse_attend(qp, kp, vp, kv_num, kv_idx, scale: float, block_size: in
 
 
 def triton_block_sparse(
-    q, k, v, *, layout: AttnLayout, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
+    q, k, v, *, rows: AttnRows, sparsity: float, scale=None, block_size: int = 128, stats: dict | None = None
 ):
     b, s, h, d = q.shape
     scale = resolve_scale(q, scale)
-    qp, kp, vp, plan = plan_and_permute(q, k, v, layout.grid, layout.prefix_len, sparsity, scale, block_size)
+    qp, kp, vp, plan = plan_and_permute(q, k, v, rows.grid, rows.prefix_len, sparsity, scale, block_size)
     record_stats(stats, plan)
     num, idx = plan.kv_lists()
     out_p = block_sparse_attend(qp, kp, vp, num, idx, scale, block_size)

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.rows import AttnRows
 from omnivideo.attention.torch_impl import sdpa
 from omnivideo.backends import PLATFORM, implementations
 
@@ -80,7 +80,7 @@ def bench_size(target, args, device, dtype):
     repeats = args.repeats if target <= 16384 else args.repeats_32k
     q, k, v = make_inputs(grid, prefix, heads, args.dim, dtype, device, args.random)
     s = q.shape[1]
-    layout = AttnLayout(prefix, grid)
+    video = AttnRows(prefix, grid)
     print(
         f"\n== S = {s} rows ([prefix {prefix} | video {t}x{h}x{w}]), B=1 H={heads} D={args.dim} {args.dtype}, "
         f"block 128, median of {repeats}; 'x dense' = median ratio to a dense call timed just before =="
@@ -108,7 +108,7 @@ def bench_size(target, args, device, dtype):
             with torch.no_grad():
                 sec, ratio, out = paired(
                     dense_fn,
-                    lambda: fn(q, k, v, layout=layout, sparsity=sparsity, block_size=128, stats=stats),
+                    lambda: fn(q, k, v, rows=video, sparsity=sparsity, block_size=128, stats=stats),
                     n,
                     device,
                 )

@@ -7,6 +7,10 @@ a cache (every call runs the DiT over all history frames + the chunk). Once the 
 
     python benchmarks/bench_omnidreams.py                          # CPU: tiny and mid configs
     python benchmarks/bench_omnidreams.py --config 2b --height 704 --width 1280 --dtype bf16 --no-baseline  # GPU
+    python benchmarks/bench_omnidreams.py --kv-finalize context_noise --kv-finalize skip --no-baseline  # the two modes
+
+With several --kv-finalize modes (the loader's option: the released context write, FlashDreams' skip) each runs in
+its own subprocess and the last lines give the steady chunks' (3 on) time of each as a ratio to the first mode's.
 
 Each config runs in its own subprocess so its peak memory is its own (CPU: peak RSS growth over the
 loaded model; CUDA: max_memory_allocated).
@@ -56,7 +60,7 @@ def run_config(args) -> dict:
     import torch
 
     from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT
-    from omnivideo.pipelines.omnidreams import autoregressive, rollout
+    from omnivideo.pipelines.omnidreams import ARSettings, autoregressive, rollout
 
     class Measured(autoregressive.RollingKVCache):  # the rollout's KV cache, its size read after the run
         nbytes_seen = 0
@@ -121,10 +125,11 @@ def run_config(args) -> dict:
             first_frame=first,
             bar=ChunkTimer(args.chunks),
             device=device,
+            settings=ARSettings.for_kv_finalize(args.kv_finalize),
         )
         cache_bytes["kv"] = Measured.nbytes_seen
         per_chunk = [b - a for a, b in zip(marks, marks[1:])]
-        context = [d for t, d in calls if t == 128.0]
+        context = [d for t, d in calls if t == 128.0] or [0.0] * args.chunks  # none with kv_finalize skip
         if run:
             runs.append((per_chunk, context))
     model.forward = real_forward
@@ -133,6 +138,7 @@ def run_config(args) -> dict:
     context_ms = [1000 * min(r[1][k] for r in runs) for k in range(args.chunks)]
     result = {
         "config": args.config,
+        "kv_finalize": args.kv_finalize,
         "latent": [h, w],
         "tokens_per_chunk": 2 * (h // 2) * (w // 2),
         "chunk_ms": chunk_ms,
@@ -174,6 +180,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+    parser.add_argument(
+        "--kv-finalize", choices=["context_noise", "skip"], action="append", help="repeatable; default: context_noise"
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -183,12 +192,13 @@ def main() -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     if args.child:
-        args.config = args.config[0]
+        args.config, args.kv_finalize = args.config[0], args.kv_finalize[0]
         print(json.dumps(run_config(args)))
         return
 
     results = []
-    for name in args.config or ["tiny", "mid"]:
+    modes = args.kv_finalize or ["context_noise"]
+    for name, mode in [(name, mode) for name in args.config or ["tiny", "mid"] for mode in modes]:
         cmd = [
             sys.executable,
             __file__,
@@ -205,6 +215,8 @@ def main() -> None:
             str(args.runs),
             "--threads",
             str(args.threads),
+            "--kv-finalize",
+            mode,
         ]
         cmd += ["--height", str(args.height)] if args.height else []
         cmd += ["--width", str(args.width)] if args.width else []
@@ -216,7 +228,8 @@ def main() -> None:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
         print(
-            f"\n== {name}: latent {r['latent'][0]}x{r['latent'][1]}, {r['tokens_per_chunk']} tokens/chunk, "
+            f"\n== {name}, kv_finalize {mode}: latent {r['latent'][0]}x{r['latent'][1]}, "
+            f"{r['tokens_per_chunk']} tokens/chunk, "
             f"{args.dtype} on {args.device}; KV cache {r['kv_cache_mb']:.1f} MB, peak +{r['peak_mb']:.0f} MB"
         )
         print(
@@ -233,6 +246,13 @@ def main() -> None:
             print(f"chunk 7 / chunk 3 = {flat:.3f} ({'flat' if abs(flat - 1) <= 0.15 else 'NOT flat'}: within 15%)")
         if "recompute_ms" in r:
             print(f"all chunks: recompute / cached = {sum(r['recompute_ms']) / sum(r['chunk_ms']):.2f}x")
+    steady = {(r["config"], r["kv_finalize"]): r["chunk_ms"][3:] or r["chunk_ms"] for r in results}
+    for (name, mode), ms in steady.items():
+        first = steady[(name, modes[0])]
+        print(
+            f"{name} {mode}: steady chunk {sum(ms) / len(ms):.1f} ms ({1000 * len(ms) / sum(ms):.1f} chunks/s), "
+            f"{sum(ms) / sum(first):.3f}x {modes[0]}'s"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -3,9 +3,12 @@
     COMFYUI_PATH=... COMFYUI_PYTHON=... [BASELINE_COMFYUI_PATH=... BASELINE_COMFYUI_PYTHON=...] \
         python benchmarks/bench_wan_vae_decode.py [--runs 3] [--sizes 256x160x17,...]
 
-For every size (pixel WxHxframes) and run, a fresh `main.py --cpu` server (this repository linked into its
-custom_nodes, a random full-size Wan 2.1 VAE in models/vae, the latent in a .latent file) gets one prompt over
-/prompt: VAELoader + LoadLatent -> core VAEDecode or OmniVideoWanVAEDecode (fusion auto) -> a sink. Measured:
+`python`: an interpreter that imports the pack (`omnivideo`, for the self-test's server starter).
+
+For every size (pixel WxHxframes) and run, a fresh `main.py --cpu` server (the self-test's: selftest/server.py, this
+repository linked into its custom_nodes, a random full-size Wan 2.1 VAE in models/vae, the latent in a .latent file,
+both hard links to one copy) gets one prompt over /prompt: VAELoader + LoadLatent -> core VAEDecode or
+OmniVideoWanVAEDecode (fusion auto) -> the self-test's lossless IMAGE saver. Measured:
 
 * peak: the server's peak RSS during the prompt (VmHWM, reset to the idle RSS just before queuing through
   /proc/<pid>/clear_refs) minus its idle RSS: VAE load (file pages + fp32 weights), decode, output IMAGE;
@@ -20,21 +23,21 @@ BASELINE_COMFYUI_PATH / _PYTHON (another ComfyUI, e.g. v0.3.64 beside a v0.33 CO
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-import urllib.request
 from pathlib import Path
+
+from omnivideo.selftest.server import prompt_seconds, running_comfyui
 
 REPO = Path(__file__).resolve().parents[1]
 VAE_FILE = "wan_2.1_vae_random.safetensors"
+FILES = "files"  # under the bench folder: the VAE and the latents, linked into each server's folders
+PROMPT_TIMEOUT_S = 4 * 3600  # a full-size decode on a loaded 2-core CPU takes minutes
 
 # Written by COMFYUI_PYTHON: the full-size Wan 2.1 VAE as comfy.sd.VAE builds it, random weights, bf16 like the
 # released file, under the original key names.
@@ -49,58 +52,17 @@ sd = random_wan_state_dict(wan21, COMFY_FULL["2.1"], seed=0)
 save_file({k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}, sys.argv[1])
 """
 
-SINK_PACK = textwrap.dedent('''
-    import hashlib, os
-    import folder_paths
-    from safetensors.torch import save_file
-
-
-    class OmniVideoBenchSink:
-        """Bench-only output node: saves the IMAGE (to compare variants bit for bit) and reports its shape."""
-
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {"required": {"images": ("IMAGE",), "name": ("STRING", {"default": "bench"})}}
-
-        RETURN_TYPES = ()
-        FUNCTION = "sink"
-        OUTPUT_NODE = True
-        CATEGORY = "_for_testing"
-
-        def sink(self, images, name):
-            path = os.path.join(folder_paths.get_output_directory(), name + ".safetensors")
-            save_file({"images": images.contiguous()}, path)
-            return {"ui": {"bench": [{"path": path, "shape": list(images.shape)}]}}
-
-
-    NODE_CLASS_MAPPINGS = {"OmniVideoBenchSink": OmniVideoBenchSink}
-''')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _status_kib(pid: int, field: str) -> int:
     text = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in text.splitlines() if line.startswith(field + ":")))
 
 
-def _http(url: str, payload=None, timeout=30):
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"{}")
-
-
 def setup(base: Path, comfy_python: str, sizes) -> dict[str, str]:
-    for sub in ("custom_nodes/omnivideo_bench_sink", "models/vae", "input", "output", "temp", "user"):
-        (base / sub).mkdir(parents=True, exist_ok=True)
-    (base / "custom_nodes" / "omnivideo").symlink_to(REPO, target_is_directory=True)
-    (base / "custom_nodes" / "omnivideo_bench_sink" / "__init__.py").write_text(SINK_PACK)
-    vae_path = base / "models" / "vae" / VAE_FILE
+    """The VAE and one latent per size under base/FILES (in the server folders' layout); {size: latent file name}."""
+    for sub in ("models/vae", "input"):
+        (base / FILES / sub).mkdir(parents=True, exist_ok=True)
+    vae_path = base / FILES / "models" / "vae" / VAE_FILE
     subprocess.run([comfy_python, "-c", MAKE_VAE, str(vae_path), str(REPO / "tests")], check=True)
     code = (
         "import sys, torch; from safetensors.torch import save_file; "
@@ -112,50 +74,18 @@ def setup(base: Path, comfy_python: str, sizes) -> dict[str, str]:
     for w, h, frames in sizes:
         name = f"bench_{w}x{h}x{frames}.latent"
         shape = (16, (frames - 1) // 4 + 1, h // 8, w // 8)
-        subprocess.run([comfy_python, "-c", code, str(base / "input" / name), *map(str, shape)], check=True)
+        subprocess.run([comfy_python, "-c", code, str(base / FILES / "input" / name), *map(str, shape)], check=True)
         latents[f"{w}x{h}x{frames}"] = name
     return latents
 
 
 def run_once(base: Path, comfy_path: str, comfy_python: str, variant: str, latent: str, tag: str, gpu=False) -> dict:
     """A fresh server, one prompt; returns time, peak and idle RSS, and where the IMAGE was saved."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMNIVIDEO_DEVICE")}
-    log = open(base / f"server_{tag}.log", "w")
-    proc = subprocess.Popen(
-        [
-            comfy_python,
-            "main.py",
-            *([] if gpu else ["--cpu"]),
-            "--base-directory",
-            str(base),
-            "--listen",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            "sqlite:///:memory:",
-            "--disable-auto-launch",
-        ],
-        cwd=comfy_path,
-        env={**env, "PYTHONUNBUFFERED": "1"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited ({proc.returncode}); see {log.name}")
-            try:
-                _http(url + "/object_info/VAEDecode", timeout=5)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server did not start; see {log.name}") from None
-                time.sleep(0.5)
+    root = base / tag  # the server's own folders; the model files are hard links to base/FILES
+    for sub, name in (("models/vae", VAE_FILE), ("input", latent)):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        os.link(base / FILES / sub / name, root / sub / name)
+    with running_comfyui(root, comfy_path, python=comfy_python, cpu=not gpu, ready_timeout=180) as server:
         time.sleep(2.0)  # let start-up settle before reading the idle RSS
         inputs = {"samples": ["2", 0], "vae": ["1", 0]}
         decode = (
@@ -167,36 +97,19 @@ def run_once(base: Path, comfy_path: str, comfy_python: str, variant: str, laten
             "1": {"class_type": "VAELoader", "inputs": {"vae_name": VAE_FILE}},
             "2": {"class_type": "LoadLatent", "inputs": {"latent": latent}},
             "3": decode,
-            "4": {"class_type": "OmniVideoBenchSink", "inputs": {"images": ["3", 0], "name": tag}},
+            "4": {"class_type": "OmniVideoTestSaveTensor", "inputs": {"images": ["3", 0], "name": tag}},
         }
-        Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
-        idle = _status_kib(proc.pid, "VmRSS")
-        prompt_id = _http(url + "/prompt", {"prompt": graph})["prompt_id"]
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited ({proc.returncode}); see {log.name}")
-            entry = _http(f"{url}/history/{prompt_id}").get(prompt_id)
-            if entry and entry.get("status", {}).get("completed") is not None and entry["status"].get("messages"):
-                if entry["status"]["status_str"] != "success":
-                    raise RuntimeError(f"prompt failed: {json.dumps(entry['status'])[:2000]}")
-                break
-            time.sleep(0.2)
-        peak = _status_kib(proc.pid, "VmHWM")
-        stamps = {name: data["timestamp"] for name, data in entry["status"]["messages"]}
+        pid = server.proc.pid
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+        idle = _status_kib(pid, "VmRSS")
+        entry = server.run(graph, timeout=PROMPT_TIMEOUT_S)
+        peak = _status_kib(pid, "VmHWM")
         return {
-            "time_s": (stamps["execution_success"] - stamps["execution_start"]) / 1000.0,
+            "time_s": prompt_seconds(entry),
             "peak_mib": (peak - idle) / 1024.0,
             "idle_mib": idle / 1024.0,
-            "image": str(base / "output" / f"{tag}.safetensors"),
+            "image": str(server.output_dir / f"{tag}.safetensors"),
         }
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def same_image(comfy_python: str, a: str, b: str) -> bool:

@@ -2,12 +2,12 @@
 
 ComfyUI (>= 0.3.6x) calls `transformer_options["optimized_attention_override"](original, q, k,
 v, heads, mask=..., skip_reshape=..., skip_output_reshape=..., transformer_options=...)` for
-every attention in Wan / Cosmos (and MiniMax-H3 in 0.33). That call does not know the video layout, so a
-DIFFUSION_MODEL wrapper (also a ComfyUI hook) records it in transformer_options before the forward; the
-override then reads it. Nothing here imports ComfyUI: the node installs these two callables on a cloned MODEL
+every attention in Wan / Cosmos (and MiniMax-H3 in 0.33). That call does not know which of its rows are video, so
+a DIFFUSION_MODEL wrapper (also a ComfyUI hook) records them (`AttnRows`) in transformer_options before the forward;
+the override then reads them. Nothing here imports ComfyUI: the node installs these two callables on a cloned MODEL
 through compat.
 
-Wan / Cosmos attend over the video rows alone: the layout is the patch grid of the input latent. MiniMax-H3
+Wan / Cosmos attend over the video rows alone: their grid is the patch grid of the input latent. MiniMax-H3
 (ComfyUI 0.33, comfy/ldm/minimax) attends over one packed sequence `[text | keyframe / reference rows | audio |
 video]`: the wrapper takes core's own `PackedLayout` (the one extra_conds prebuilt in `minimax_payload`, else
 built as the model builds it, through the class the model's module holds) and records `[prefix | video grid]`,
@@ -26,7 +26,7 @@ decides first; core's sparse attention re-installs itself above every other each
 replaces (their attention is that patch's).
 
 Core's MultiGPU CFG Split runs the MODEL's clones, which share one patch, on a thread per device at once: the
-per-forward state (the layout, the layer count) lives in that forward's own transformer_options, and the shared
+per-forward state (the rows, the layer count) lives in that forward's own transformer_options, and the shared
 stats and log take a lock.
 
 ComfyUI 0.33 also passes `scale=` (honoured), `enable_gqa=` / `low_precision_attention=` and its
@@ -46,12 +46,12 @@ import torch
 
 from ..attention.config import AttentionConfig
 from ..attention.dispatch import AttentionStats, attention, dense_reason, log_dense_once
-from ..attention.layout import AttnLayout
+from ..attention.rows import AttnRows
 from ..backends.log_once import log_once
 
 log = logging.getLogger("omnivideo")
 
-LAYOUT_KEY = "omnivideo_attention_layout"
+ROWS_KEY = "omnivideo_attention_rows"
 ARG_NAMES = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
 
 
@@ -93,7 +93,7 @@ def patch_grid(latent_shape, model) -> tuple[int, int, int] | None:
     return tuple(math.ceil(n / p) for n, p in zip(latent_shape[2:], patch))
 
 
-def packed_h3_layout(model, streams, context, payload) -> tuple[AttnLayout, int] | None:
+def packed_h3_rows(model, streams, context, payload) -> tuple[AttnRows, int] | None:
     """MiniMax-H3's ([video, audio] streams): `[prefix | video grid]` of its packed sequence and the sequence's
     length, from the PackedLayout its forward uses (the payload's when its signature matches, else one built the
     same way; comfy/ldm/minimax/model.py MiniMaxH3Model._forward). None when this is not such a model."""
@@ -113,20 +113,20 @@ def packed_h3_layout(model, streams, context, payload) -> tuple[AttnLayout, int]
     start, stop, kind = layout.segments[-1]  # the generated video: always the last segment
     if kind != "video" or stop != layout.seq_len or stop - start != math.prod(grid):
         return None
-    return AttnLayout(start, grid), layout.seq_len
+    return AttnRows(start, grid), layout.seq_len
 
 
-def call_layout(model, args, kwargs) -> tuple[AttnLayout | None, int | None]:
-    """(layout of the forward's self-attention, its packed sequence length or None) from the DIFFUSION_MODEL
+def call_rows(model, args, kwargs) -> tuple[AttnRows | None, int | None]:
+    """(rows of the forward's self-attention, its packed sequence length or None) from the DIFFUSION_MODEL
     call's arguments: Wan / Cosmos forward(x, t, context, ...), MiniMax-H3 forward([video, audio], t, context,
     transformer_options, minimax_payload=...)."""
     x = args[0] if args else kwargs.get("x")
     if isinstance(x, (list, tuple)):
         context = args[2] if len(args) > 2 else kwargs.get("context")
-        packed = packed_h3_layout(model, x, context, kwargs.get("minimax_payload"))
+        packed = packed_h3_rows(model, x, context, kwargs.get("minimax_payload"))
         return packed if packed is not None else (None, None)
     grid = patch_grid(tuple(x.shape), model) if isinstance(x, torch.Tensor) else None
-    return (AttnLayout(0, grid) if grid is not None else None), None
+    return (AttnRows(0, grid) if grid is not None else None), None
 
 
 def sampling_step(transformer_options: dict) -> int | None:
@@ -212,12 +212,12 @@ class NativeAttentionPatch:
         if opts is None:
             return executor(*args, **kwargs)
         self._notice_others(opts)
-        layout, rows = call_layout(getattr(executor, "class_obj", None), args, kwargs)
-        opts[LAYOUT_KEY] = {"layout": layout, "rows": rows, "layer": 0}
+        rows, seq_len = call_rows(getattr(executor, "class_obj", None), args, kwargs)
+        opts[ROWS_KEY] = {"rows": rows, "seq_len": seq_len, "layer": 0}
         try:
             return executor(*args, **kwargs)
         finally:
-            opts.pop(LAYOUT_KEY, None)
+            opts.pop(ROWS_KEY, None)
 
     def override(self, original, *args, **kwargs):
         call = call_arguments(args, kwargs)
@@ -241,19 +241,19 @@ class NativeAttentionPatch:
             h, d = int(heads), hd // int(heads)
             q4, k4, v4 = (t.view(b, s, h, d) for t in (q, k, v))
 
-        info = opts.get(LAYOUT_KEY)
-        if info is not None and info["rows"] is not None and s != info["rows"]:
+        info = opts.get(ROWS_KEY)
+        if info is not None and info["seq_len"] is not None and s != info["seq_len"]:
             # MiniMax-H3's text refiner: text rows only, outside the packed sequence and its block count
-            log_dense_once("text refiner", f"{s} rows, not the {info['rows']}-row packed sequence")
+            log_dense_once("text refiner", f"{s} rows, not the {info['seq_len']}-row packed sequence")
             self.stats.count_dense("text refiner")
             return self.decline(original, args, kwargs)
         layer = opts.get("block_index")
         if info is not None:
             layer = info["layer"] if layer is None else layer
             info["layer"] += 1  # self-attention calls in this forward = block index (Wan in 0.3.x, MiniMax-H3)
-        layout = info["layout"] if info is not None else None
+        rows = info["rows"] if info is not None else None
         step = sampling_step(opts)
-        why = dense_reason(self.config, q4, k4, layout, step, layer)
+        why = dense_reason(self.config, q4, k4, rows, step, layer)
         if why is not None:
             log_dense_once(*why)
             self.stats.count_dense(why[0])
@@ -261,7 +261,7 @@ class NativeAttentionPatch:
 
         scale = kwargs.get("scale")
         scale = d**-0.5 if scale is None else float(scale)
-        out = attention(q4, k4, v4, self.config, scale=scale, layout=layout, step=step, layer=layer, stats=self.stats)
+        out = attention(q4, k4, v4, self.config, scale=scale, rows=rows, step=step, layer=layer, stats=self.stats)
         if call.get("skip_output_reshape", False):
             return out.transpose(1, 2)
         return out.reshape(b, s, h * d)

@@ -232,7 +232,7 @@ def unsplit_model(model):
         plain_opts.pop("optimized_attention_override", None)
     else:
         plain_opts["optimized_attention_override"] = split.previous
-    for kind in (compat.diffusion_model_wrapper_type(), compat.outer_sample_wrapper_type()):
+    for kind in (compat.wrapper_type("DIFFUSION_MODEL"), compat.wrapper_type("OUTER_SAMPLE")):
         plain.remove_wrappers_with_key(kind, WRAPPER_KEY)
     return plain
 
@@ -251,8 +251,8 @@ def split_model(model, size: int, replicate_on_one_device: bool = False):
     sequence = SequenceSplit(plan, ranks, replicas, previous=opts.get("optimized_attention_override"))
     opts["optimized_attention_override"] = sequence.override
     for kind, wrapper in (
-        (compat.diffusion_model_wrapper_type(), sequence.wrapper),
-        (compat.outer_sample_wrapper_type(), sequence.outer_sample),
+        (compat.wrapper_type("DIFFUSION_MODEL"), sequence.wrapper),
+        (compat.wrapper_type("OUTER_SAMPLE"), sequence.outer_sample),
     ):
         split.remove_wrappers_with_key(kind, WRAPPER_KEY)
         split.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)

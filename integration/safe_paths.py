@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import reprlib
 import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
@@ -28,7 +27,6 @@ MAX_NAME_PARTS = 16
 MAX_PART_BYTES = 255  # NAME_MAX on Linux, macOS and NTFS
 MAX_LISTED_PER_FOLDER = 2000  # entries looked at per folder while listing (bounded time)
 MAX_COUNTER = 99999
-MAX_SHOWN_CHOICES = 12  # choices a combo refusal lists (then "... and N more")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 # accept(path) -> None when the entry is usable, else a short reason ("no config.json", ...)
@@ -60,66 +58,6 @@ def name_problem(name) -> str | None:
     if any(len(p.encode("utf-8", "surrogatepass")) > MAX_PART_BYTES for p in parts):
         return f"a part of the name is longer than {MAX_PART_BYTES} bytes"
     return None
-
-
-def validated(resolve: Callable[[str], object], name) -> bool | str:
-    """What a node's validate_inputs returns for `name`: True when `resolve(name)` accepts it (or the input is
-    linked, None at validation time), else the refusal message."""
-    if name is None:
-        return True
-    try:
-        resolve(name)
-    except PathRefused as err:
-        return str(err)
-    return True
-
-
-# ComfyUI checks a V3 combo's value (io.Combo, type "COMBO" with its options) at /prompt from the release that made
-# io.DynamicCombo public (Comfy-Org/ComfyUI#11345; 0.33 here); 0.3.64 checks only V1 combos (a list as the type) and
-# passes any string on. Where core checks, a node leaves its combos to core (naming one in validate_inputs would
-# switch core's check of it off); where it does not, validate_inputs names them and checks them with
-# `validated_choices`. The pack's stand-in io (no ComfyUI) has no core either.
-CORE_CHECKS_V3_COMBOS = hasattr(compat.io, "DynamicCombo")
-
-_SHOWN = reprlib.Repr()  # bounded text for any value an API client sends (a long string, a nested object)
-_SHOWN.maxstring = _SHOWN.maxother = 120
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
-
-
-def validated_choices(node, **values) -> bool | str:
-    """What a node's validate_inputs returns for its combo inputs `values` (input name -> value received): True when
-    each is one of the options the node's own schema declares now (define_schema, so a file list is the current one)
-    or None (linked), else a refusal naming the input, the value and the choices (the first MAX_SHOWN_CHOICES)."""
-    given = {name: value for name, value in values.items() if value is not None}
-    if not given:
-        return True
-    declared = {i.id: _choices(i) for i in node.define_schema().inputs if getattr(i, "id", None) in given}
-    refused = []
-    for name, value in given.items():
-        choices = declared.get(name)
-        if choices is None:
-            raise TypeError(f"{node.__name__} has no combo input {name!r}")
-        if value not in choices:
-            shown = ", ".join(_SHOWN.repr(c) for c in choices[:MAX_SHOWN_CHOICES])
-            more = f" and {len(choices) - MAX_SHOWN_CHOICES} more" if len(choices) > MAX_SHOWN_CHOICES else ""
-            offered = f"the choices are {shown}{more}" if choices else "there is nothing to choose from"
-            refused.append(f"{name} {_SHOWN.repr(value)} was refused: it is not in the list; {offered}.")
-    return refusals(*refused)
-
-
-def refusals(*results: bool | str) -> bool | str:
-    """Several validate_inputs checks as one result: True when all passed, else every refusal (ComfyUI shows the one
-    message under each input validate_inputs names, so each problem must be in it)."""
-    refused = [str(r) for r in results if r is not True]
-    return " ".join(refused) if refused else True
-
-
-def _choices(port) -> list | None:
-    """The options of a combo input, or None for any other input."""
-    options = getattr(port, "options", None)
-    if isinstance(options, dict):  # the pack's stand-in io keeps an input's keyword arguments
-        options = options.get("options") if getattr(port, "io_type", None) == "COMBO" else None
-    return list(options) if isinstance(options, (list, tuple)) else None
 
 
 def _parts(name: str) -> list[str]:

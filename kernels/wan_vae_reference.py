@@ -3,15 +3,14 @@
 `cat_pad_5d` is `WanCausalConv3d.forward`'s input preparation plus the `cache_x`
 bookkeeping of the cached call sites; `dup_up3d_add` is `WanResidualUpBlock`'s
 `x + DupUp3D(x_copy, first_chunk)`. Same ops, same order, so same values and strides.
-The fused twins (`wan_vae_torch`, `wan_vae_triton`) are tested against this module.
+The fused twins (`wan_vae_torch`, `wan_vae_triton`) are tested against this module, by the tests and by the
+self-test's kernel checks (it is the module of the registry's `off`, the end of their fallback chain).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-CACHE_T = 2
 
 
 def supports(device) -> bool:

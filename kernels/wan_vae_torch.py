@@ -1,4 +1,4 @@
-"""Wan VAE decode data movement, fused in plain torch ("torch_fused"; CPU, NPU, CUDA).
+"""Wan VAE decode data movement, fused in plain torch ("torch"; CPU, NPU, CUDA).
 
 Bit-exact twin of `wan_vae_reference` (same values AND same strides) that skips the
 intermediate tensors: `cat_pad_5d` allocates the padded conv input once and copies cache
@@ -21,9 +21,6 @@ import functools
 import torch
 
 from . import wan_vae_reference as _ref
-
-CACHE_T = _ref.CACHE_T
-
 
 # ----------------------------------------------------------------------------- layout
 

@@ -23,8 +23,6 @@ import triton.language as tl
 from ..backends.registry import triton_interpreted, triton_runs_on
 from . import wan_vae_torch as _t
 
-CACHE_T = _t.CACHE_T
-
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The interpreter pays per program and per op, not per element: huge tiles keep it fast.
 # BLOCK is constexpr and only sets the tile size, never the result.

@@ -54,6 +54,7 @@ class OmniDreamsModel(OmniVideoModel):
     window_frames: int = 6  # rolling KV cache, latent frames (sink included)
     sink_frames: int = 0  # leading latent frames that never leave the window
     short_history_blocks: int = 0  # FlashDreams' early short history: first N blocks keep one chunk (0: uniform)
+    kv_finalize: str = "context_noise"  # how a chunk's K/V enter the window (pipelines/omnidreams/schedule.py)
 
 
 @dataclass(kw_only=True)
@@ -84,7 +85,7 @@ class OmniDreamsConditioning(OmniVideoConditioning):
     # text: Cosmos-Reason1 full_concat [1, 512, 100352]
     first_frame: torch.Tensor | None = None  # normalised latent [1, 16, 1, h, w]: pins frame 0, fixes the size
     hdmap: torch.Tensor | None = None  # normalised latent [1, 16, T, h, w]
-    schedule: tuple[tuple[int, torch.Tensor], ...] = ()  # (chunk index > 0, text): the prompt from that chunk on
+    prompt_schedule: tuple[tuple[int, torch.Tensor], ...] = ()  # (chunk index > 0, text): the prompt from then on
 
 
 @dataclass(kw_only=True)

@@ -7,8 +7,8 @@ import logging
 from .. import compat
 from ..attention.config import BACKENDS, MAX_SPARSITY, AttentionConfig, parse_skip_layers
 from ..compat import io
-from ..integration import safe_paths
 from ..integration.attention_patch import NativeAttentionPatch
+from .input_checks import checks_inputs
 from .types import AttentionType
 
 log = logging.getLogger("omnivideo")
@@ -16,16 +16,9 @@ log = logging.getLogger("omnivideo")
 WRAPPER_KEY = "omnivideo_attention"
 
 
-def _checked_skip_layers(skip_layers) -> bool | str:
-    if skip_layers is None:  # linked: checked when the node runs
-        return True
-    try:
-        parse_skip_layers(skip_layers)
-    except ValueError as err:
-        return str(err)
-    return True
-
-
+# Only skip_layers (free text) is checked at /prompt, in bounded time; ComfyUI's own checks stay on for the other
+# inputs, and execute checks the rest (block size rules).
+@checks_inputs(skip_layers=parse_skip_layers, combos=("backend",))
 class OmniVideoAttention(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -72,21 +65,6 @@ class OmniVideoAttention(io.ComfyNode):
         )
 
     @classmethod
-    def _validate_inputs(cls, skip_layers=None):
-        # Only skip_layers (free text) is checked here, in bounded time; ComfyUI's own checks stay on for the
-        # other inputs (backend against its list too), and execute checks the rest (block size rules).
-        return _checked_skip_layers(skip_layers)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks backend too
-    @classmethod
-    def _validate_inputs_and_combos(cls, skip_layers=None, backend=None):
-        return safe_paths.refusals(
-            _checked_skip_layers(skip_layers), safe_paths.validated_choices(cls, backend=backend)
-        )
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
-
-    @classmethod
     def execute(cls, backend, sparsity, start_step, skip_layers, block_size) -> io.NodeOutput:
         # AttentionConfig checks every setting (backend choice, ranges, block size rules) and says what to change
         return io.NodeOutput(
@@ -124,8 +102,8 @@ class OmniVideoPatchModelAttention(io.ComfyNode):
         # an override already on the MODEL (core's Model Attention Backend, ...) answers the calls ours declines
         patch = NativeAttentionPatch(attention, previous=opts.get("optimized_attention_override"))
         opts["optimized_attention_override"] = patch.override
-        patched.remove_wrappers_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY)  # re-patching replaces
-        patched.add_wrapper_with_key(compat.diffusion_model_wrapper_type(), WRAPPER_KEY, patch.wrapper)
+        patched.remove_wrappers_with_key(compat.wrapper_type("DIFFUSION_MODEL"), WRAPPER_KEY)  # re-patching replaces
+        patched.add_wrapper_with_key(compat.wrapper_type("DIFFUSION_MODEL"), WRAPPER_KEY, patch.wrapper)
         return io.NodeOutput(patched)
 
 

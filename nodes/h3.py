@@ -6,8 +6,9 @@ from .. import compat
 from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dtype
 from ..compat import io
 from ..integration import comfy_types, safe_paths
+from ..models.h3.folder import TRANSFORMER, folder_problem
 from ..models.h3.geometry import FPS, MAX_SECONDS
-from ..models.h3.loader import TRANSFORMER, folder_problem, load_h3
+from ..models.h3.loader import load_h3
 from ..models.h3.text import (
     H3TextEncoder,
     embedding_problem,
@@ -20,6 +21,7 @@ from ..models.h3.text import (
 )
 from ..models.handles import H3Conditioning, check_family
 from ..pipelines.h3.sampler import DEFAULT_STEPS, sample
+from .input_checks import checks_inputs
 from .sampling import run_sampler, sampler_inputs
 from .types import (
     AttentionType,
@@ -54,6 +56,12 @@ def _embedding_file(name: str) -> str:
     return safe_paths.resolve_model_file("text_encoders", name, WEIGHT_EXTS, embedding_problem, what="embedding_file")
 
 
+def _chosen_embedding_file(name) -> None:
+    if name:  # NO_EMBEDDING: the text encoder runs
+        _embedding_file(name)
+
+
+@checks_inputs(folder=_h3_folder, combos=("transformer_file", "dtype"))
 class OmniVideoH3Loader(io.ComfyNode):
     PARTITION = TRANSFORMER  # t2va / fl2va; OmniVideo H3 Ref2VA Loader: transformer_ref
 
@@ -95,20 +103,6 @@ class OmniVideoH3Loader(io.ComfyNode):
         )
 
     @classmethod
-    def _validate_inputs(cls, folder=None):  # ComfyUI checks transformer_file and dtype against their lists
-        return safe_paths.validated(_h3_folder, folder)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks them too
-    @classmethod
-    def _validate_inputs_and_combos(cls, folder=None, transformer_file=None, dtype=None):
-        return safe_paths.refusals(
-            safe_paths.validated(_h3_folder, folder),
-            safe_paths.validated_choices(cls, transformer_file=transformer_file, dtype=dtype),
-        )
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
-
-    @classmethod
     def execute(cls, folder, transformer_file=FROM_FOLDER, dtype="auto", attention=None) -> io.NodeOutput:
         single = None if transformer_file in (None, "", FROM_FOLDER) else _transformer_file(transformer_file)
         model, vae, audio_vae = load_h3(
@@ -122,6 +116,7 @@ class OmniVideoH3Loader(io.ComfyNode):
         return io.NodeOutput(model, vae, audio_vae)
 
 
+@checks_inputs(folder=_encoder_folder, combos=("dtype",))
 class OmniVideoH3TextEncoderLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -142,19 +137,6 @@ class OmniVideoH3TextEncoderLoader(io.ComfyNode):
             ],
             outputs=[TextEncoderType.Output(display_name="text_encoder")],
         )
-
-    @classmethod
-    def _validate_inputs(cls, folder=None):  # ComfyUI checks dtype against its list
-        return safe_paths.validated(_encoder_folder, folder)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
-    @classmethod
-    def _validate_inputs_and_combos(cls, folder=None, dtype=None):
-        return safe_paths.refusals(
-            safe_paths.validated(_encoder_folder, folder), safe_paths.validated_choices(cls, dtype=dtype)
-        )
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, folder, dtype="auto", layer=50) -> io.NodeOutput:
@@ -203,6 +185,7 @@ class OmniVideoH3Keyframes(io.ComfyNode):
         return io.NodeOutput(keyframes)
 
 
+@checks_inputs(embedding_file=_chosen_embedding_file)  # save_as is checked first thing when the node runs
 class OmniVideoH3TextEncode(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -244,10 +227,6 @@ class OmniVideoH3TextEncode(io.ComfyNode):
             ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
-
-    @classmethod
-    def validate_inputs(cls, embedding_file=None):  # save_as is checked first thing when the node runs
-        return not embedding_file or safe_paths.validated(_embedding_file, embedding_file)
 
     @classmethod
     def execute(

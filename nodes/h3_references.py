@@ -8,9 +8,9 @@ import torch
 
 from .. import compat
 from ..compat import io
-from ..integration import safe_paths
+from ..models.h3.folder import TRANSFORMER_REF
 from ..models.h3.geometry import snap_frames
-from ..models.h3.loader import TRANSFORMER_REF, geometry_of
+from ..models.h3.loader import geometry_of
 from ..pipelines.h3.keyframes import image_to_pil
 from ..pipelines.h3.references import (
     IMAGE_SIZES,
@@ -23,6 +23,7 @@ from ..pipelines.h3.references import (
     normalize_references,
 )
 from .h3 import MAX_FRAMES, OmniVideoH3Loader
+from .input_checks import checks_inputs
 from .types import H3AudioVaeType, H3ReferenceListType, H3ReferencesType, H3VaeType
 
 CHAIN_TIP = "References chained before this one; the model reads them in chain order (<Picture i>, <Video k>, …)."
@@ -149,6 +150,7 @@ class OmniVideoH3ReferenceAudio(io.ComfyNode):
         return _chain(references, [MiniMaxH3AudioReference(wave, sample_rate=rate)])
 
 
+@checks_inputs(combos=("ref_image_size",))
 class OmniVideoH3References(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -180,12 +182,6 @@ class OmniVideoH3References(io.ComfyNode):
             ],
             outputs=[H3ReferencesType.Output(display_name="references")],
         )
-
-    if not safe_paths.CORE_CHECKS_V3_COMBOS:  # this ComfyUI passes any combo value on: ours checks ref_image_size
-
-        @classmethod
-        def validate_inputs(cls, ref_image_size=None):
-            return safe_paths.validated_choices(cls, ref_image_size=ref_image_size)
 
     @classmethod
     def execute(cls, vae, audio_vae, references, width=1344, height=768, frames=209, ref_image_size="diffusers"):

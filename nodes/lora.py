@@ -7,6 +7,7 @@ from ..compat import io
 from ..integration import safe_paths
 from ..models import lora as lora_mod
 from ..models.handles import FAMILIES
+from .input_checks import checks_inputs
 from .types import ModelType
 
 # core's LoraLoaderModelOnly limits
@@ -17,6 +18,7 @@ def _lora_file(name: str) -> str:
     return safe_paths.resolve_model_file("loras", name, lora_mod.EXTS, what="lora_name")
 
 
+@checks_inputs(lora_name=_lora_file, combos=("lora_name",))
 class OmniVideoLoRA(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -39,19 +41,6 @@ class OmniVideoLoRA(io.ComfyNode):
             ],
             outputs=[ModelType.Output(display_name="model")],
         )
-
-    @classmethod
-    def _validate_inputs(cls, lora_name=None):  # ComfyUI checks lora_name against its list too
-        return safe_paths.validated(_lora_file, lora_name)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
-    @classmethod
-    def _validate_inputs_and_combos(cls, lora_name=None):
-        return safe_paths.refusals(
-            safe_paths.validated(_lora_file, lora_name), safe_paths.validated_choices(cls, lora_name=lora_name)
-        )
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(cls, model, lora_name, strength=1.0) -> io.NodeOutput:

@@ -23,16 +23,17 @@ from ..models.omnidreams.text import (
 )
 from ..pipelines.omnidreams import (
     DEFAULT_STEPS,
-    MAX_SCHEDULE_BYTES,
+    MAX_PROMPT_SCHEDULE_BYTES,
     ARSettings,
     check_wan21_vae,
     encode_first_frame,
     encode_hdmap,
-    encode_schedule,
+    encode_prompt_schedule,
     parse_prompt_schedule,
     sample,
 )
-from ..pipelines.omnidreams.schedule import MAX_SHORT_HISTORY_BLOCKS
+from ..pipelines.omnidreams.schedule import KV_FINALIZE_CHOICES, MAX_SHORT_HISTORY_BLOCKS
+from .input_checks import checks_inputs, unless_blank
 from .sampling import run_sampler, sampler_inputs
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
 
@@ -69,6 +70,7 @@ KV_HISTORY_CHOICES = ("uniform", "early_short_history")
 DEFAULT_SHORT_HISTORY_BLOCKS = 9  # FlashDreams' responsive presets (early_short_history_block_count=9)
 
 
+@checks_inputs(ckpt_name=_checkpoint, combos=("dtype", "kv_history", "kv_finalize"))
 class OmniDreamsModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -87,8 +89,11 @@ class OmniDreamsModelLoader(io.ComfyNode):
                 "block that window; 'early_short_history' (FlashDreams' responsive history, its "
                 "early_short_history_block_count) keeps only the sink and the current chunk in the first "
                 "short_history_blocks blocks (FlashDreams' responsive presets: 9, with window_frames 4) and the "
-                "window in the rest: less memory, history only in the later blocks. A saved stream state resumes "
-                "only with the kv_history it was saved with."
+                "window in the rest: less memory, history only in the later blocks. kv_finalize 'context_noise' "
+                "(released) writes each chunk's K/V with a third DiT call on the re-noised clean chunk; 'skip' "
+                "(FlashDreams' skip_finalize_kv_cache, its fast presets) keeps the K/V of the last denoising call "
+                "and denoises at timesteps [1000, 100]: 2 DiT calls per chunk instead of 3. A saved stream state "
+                "resumes only with the kv_history and kv_finalize it was saved with."
             ),
             inputs=[
                 io.Combo.Input("ckpt_name", options=safe_paths.list_model_files("diffusion_models", CKPT_EXTS)),
@@ -112,6 +117,15 @@ class OmniDreamsModelLoader(io.ComfyNode):
                     tooltip="With early_short_history: how many leading DiT blocks keep one chunk "
                     "(FlashDreams: 9; at most the model's blocks, 28 for the released 2B).",
                 ),
+                io.Combo.Input(
+                    "kv_finalize",
+                    options=list(KV_FINALIZE_CHOICES),
+                    default="context_noise",
+                    optional=True,  # absent in workflows saved before it: the released context write
+                    tooltip="context_noise: the released third DiT call writes each chunk's K/V (timesteps "
+                    "[1000, 450]). skip: FlashDreams' skip_finalize_kv_cache, the last denoising call's K/V stay "
+                    "(timesteps [1000, 100]); a third less DiT work per chunk.",
+                ),
                 AttentionType.Input(
                     "attention",
                     optional=True,
@@ -120,20 +134,6 @@ class OmniDreamsModelLoader(io.ComfyNode):
             ],
             outputs=[ModelType.Output(display_name="model")],
         )
-
-    @classmethod
-    def _validate_inputs(cls, ckpt_name=None):  # ComfyUI checks dtype against its list
-        return safe_paths.validated(_checkpoint, ckpt_name)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
-    @classmethod
-    def _validate_inputs_and_combos(cls, ckpt_name=None, dtype=None, kv_history=None):
-        return safe_paths.refusals(
-            safe_paths.validated(_checkpoint, ckpt_name),
-            safe_paths.validated_choices(cls, dtype=dtype, kv_history=kv_history),
-        )
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
 
     @classmethod
     def execute(
@@ -145,11 +145,14 @@ class OmniDreamsModelLoader(io.ComfyNode):
         kv_history="uniform",
         short_history_blocks=DEFAULT_SHORT_HISTORY_BLOCKS,
         attention=None,
+        kv_finalize="context_noise",
     ) -> io.NodeOutput:
         if kv_history not in KV_HISTORY_CHOICES:
             raise ValueError(f"kv_history {kv_history!r} is not one of {', '.join(KV_HISTORY_CHOICES)}")
         short = int(short_history_blocks) if kv_history == "early_short_history" else 0
-        settings = ARSettings(window_frames=window_frames, sink_frames=sink_frames, short_history_blocks=short)
+        settings = ARSettings.for_kv_finalize(
+            kv_finalize, window_frames=window_frames, sink_frames=sink_frames, short_history_blocks=short
+        )
         settings.slots()  # raises a clear ValueError
         path = _checkpoint(ckpt_name)
         device = PLATFORM.device
@@ -166,11 +169,13 @@ class OmniDreamsModelLoader(io.ComfyNode):
             window_frames=window_frames,
             sink_frames=sink_frames,
             short_history_blocks=short,
+            kv_finalize=kv_finalize,
             load_args=weights_recipe(path, compute_dtype, weight_dtype),
         )
         return io.NodeOutput(model)
 
 
+@checks_inputs(folder=_encoder_folder, combos=("dtype",))
 class OmniDreamsTextEncoderLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -193,25 +198,13 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
         )
 
     @classmethod
-    def _validate_inputs(cls, folder=None):  # ComfyUI checks dtype against its list
-        return safe_paths.validated(_encoder_folder, folder)
-
-    # where ComfyUI passes any combo value on (0.3.64), ours checks it too
-    @classmethod
-    def _validate_inputs_and_combos(cls, folder=None, dtype=None):
-        return safe_paths.refusals(
-            safe_paths.validated(_encoder_folder, folder), safe_paths.validated_choices(cls, dtype=dtype)
-        )
-
-    validate_inputs = _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
-
-    @classmethod
     def execute(cls, folder, dtype="auto") -> io.NodeOutput:
         path = _encoder_folder(folder)
         device = PLATFORM.device
         return io.NodeOutput(load_text_encoder(path, resolve_dtype(dtype, device), device))
 
 
+@checks_inputs(save_as=unless_blank(partial(safe_paths.output_file_path, ext=".safetensors")))
 class OmniDreamsTextEncode(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -234,12 +227,6 @@ class OmniDreamsTextEncode(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, save_as=None):
-        if not save_as or not save_as.strip():
-            return True
-        return safe_paths.validated(lambda name: safe_paths.output_file_path(name, ".safetensors"), save_as)
-
-    @classmethod
     def execute(cls, text_encoder, prompt, save_as="") -> io.NodeOutput:
         _check_encoder(text_encoder, "OmniDreams Text Encode")
         save = bool(save_as and save_as.strip())
@@ -254,6 +241,7 @@ class OmniDreamsTextEncode(io.ComfyNode):
         return io.NodeOutput(OmniDreamsConditioning(text=embedding))
 
 
+@checks_inputs(schedule=parse_prompt_schedule)
 class OmniDreamsPromptSchedule(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -266,8 +254,8 @@ class OmniDreamsPromptSchedule(io.ComfyNode):
                 "Switches the prompt during the rollout: '0: a car at dusk, 40: rain starts' uses the first prompt for "
                 "chunks 0-39 and the second from chunk 40 on (a chunk is 8 frames, 0.27 s at 30 fps). An entry starts "
                 "with '<chunk>:' at the beginning, after a comma or on a new line. Each distinct prompt is encoded "
-                f"once (at most {MAX_SCHEDULE_BYTES // 2**30} GiB of embeddings: 20 distinct prompts of Cosmos-Reason1 "
-                "7B); the first frame and HD-map of the conditioning are kept."
+                f"once (at most {MAX_PROMPT_SCHEDULE_BYTES // 2**30} GiB of embeddings: 20 distinct prompts of "
+                "Cosmos-Reason1 7B); the first frame and HD-map of the conditioning are kept."
             ),
             inputs=[
                 ConditioningType.Input("conditioning"),
@@ -278,25 +266,16 @@ class OmniDreamsPromptSchedule(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, schedule=None):
-        if not isinstance(schedule, str):
-            return True  # linked from another node: checked when it runs
-        try:
-            parse_prompt_schedule(schedule)
-        except ValueError as exc:
-            return str(exc)
-        return True
-
-    @classmethod
     def execute(cls, conditioning, text_encoder, schedule) -> io.NodeOutput:
         _check_family(conditioning)
         _check_encoder(text_encoder, "OmniDreams Prompt Schedule")
         entries = parse_prompt_schedule(schedule)
-        texts = encode_schedule(entries, partial(encode_prompt, text_encoder), embedding_bytes(text_encoder))
+        texts = encode_prompt_schedule(entries, partial(encode_prompt, text_encoder), embedding_bytes(text_encoder))
         first = texts.pop(0)[1] if texts[0][0] == 0 else conditioning.text
-        return io.NodeOutput(conditioning.replace(text=first, schedule=tuple(texts)))
+        return io.NodeOutput(conditioning.replace(text=first, prompt_schedule=tuple(texts)))
 
 
+@checks_inputs(embedding=_embedding)
 class OmniDreamsLoadTextEmbedding(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -315,10 +294,6 @@ class OmniDreamsLoadTextEmbedding(io.ComfyNode):
             ],
             outputs=[ConditioningType.Output(display_name="conditioning")],
         )
-
-    @classmethod
-    def validate_inputs(cls, embedding=None):
-        return safe_paths.validated(_embedding, embedding)
 
     @classmethod
     def execute(cls, embedding) -> io.NodeOutput:

@@ -15,11 +15,11 @@ from ..pipelines.omnidreams.events import check_key_hash
 from ..pipelines.omnidreams.live import LiveSession
 from ..pipelines.omnidreams.record import write_record
 from .omnidreams_stream import (
+    CHECKS_STREAM_INPUTS,
     FPS,
     HDMAP_INPUT,
     MAX_CHUNKS,
     STATE_EXT,
-    VALIDATE_STREAM_INPUTS,
     StreamRun,
     _in_output,
     pixel_size,
@@ -47,6 +47,7 @@ def max_wait_limit() -> int:
         return MAX_IDLE_TIMEOUT
 
 
+@CHECKS_STREAM_INPUTS  # key_hash is checked first thing in execute (one named input at most)
 class OmniDreamsLive(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -113,8 +114,6 @@ class OmniDreamsLive(io.ComfyNode):
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
-
-    validate_inputs = VALIDATE_STREAM_INPUTS  # key_hash is checked first thing in execute (one named input at most)
 
     @classmethod
     def execute(

@@ -14,8 +14,9 @@ from ..models.omnidreams.text import TextEncoder, encode_prompt
 from ..pipelines.omnidreams.latents import VAE_SPATIAL
 from ..pipelines.omnidreams.record import Replay, read_record
 from ..pipelines.omnidreams.stream import stream
-from ..pipelines.omnidreams.stream_state import SavedState, StateFileError, StreamState, read_state_file
-from ..pipelines.wan_decode import FUSION_CHOICES
+from ..pipelines.omnidreams.stream_state import SavedState, StreamState, read_state_file
+from ..pipelines.wan_decode import FUSIONS
+from .input_checks import checks_inputs, unless_blank
 from .sampling import SEED_MAX
 from .types import ConditioningType, ModelType, TextEncoderType
 
@@ -26,17 +27,6 @@ STATE_EXT = ".safetensors"
 
 def _state_file(name: str) -> str:
     return safe_paths.resolve_output_file(name, STATE_EXT, what="resume_from")
-
-
-def _checked_resume_from(name) -> bool | str:
-    """The file inside the output folder and a stream state by its header (bounded: nothing else is read)."""
-    if not isinstance(name, str) or not name.strip():
-        return True
-    try:
-        read_state(name)
-    except (safe_paths.PathRefused, StateFileError) as err:
-        return str(err)
-    return True
 
 
 def read_state(name: str) -> SavedState:
@@ -76,7 +66,7 @@ def video_inputs(filename_prefix: str) -> list:
         io.Int.Input("width", default=1280, min=16, max=8192, step=16, tooltip="Without a first frame."),
         io.Int.Input("height", default=704, min=16, max=8192, step=16, tooltip="Without a first frame."),
         io.String.Input("filename_prefix", default=filename_prefix),
-        io.Combo.Input("fusion", options=list(FUSION_CHOICES), default="auto"),
+        io.Combo.Input("fusion", options=list(FUSIONS), default="auto"),
     ]
 
 
@@ -95,22 +85,13 @@ def state_inputs() -> list:
     ]
 
 
-def _validate_inputs(cls, resume_from=None):
-    return _checked_resume_from(resume_from)
+# The stream nodes' validate_inputs. ComfyUI reports a failure under every input it names, so it names one:
+# resume_from, the file inside the output folder and a stream state by its header (bounded: nothing else is read);
+# replay and the names to write are checked first thing in execute.
+CHECKS_STREAM_INPUTS = checks_inputs(resume_from=unless_blank(read_state), combos=("fusion",))
 
 
-def _validate_inputs_and_combos(cls, resume_from=None, fusion=None):
-    return safe_paths.refusals(_checked_resume_from(resume_from), safe_paths.validated_choices(cls, fusion=fusion))
-
-
-# The stream nodes' validate_inputs. ComfyUI reports a failure under every input it names, so it names one
-# (resume_from; replay and the names to write are checked first thing in execute); where ComfyUI passes any combo
-# value on (0.3.64), it checks fusion too.
-VALIDATE_STREAM_INPUTS = classmethod(
-    _validate_inputs if safe_paths.CORE_CHECKS_V3_COMBOS else _validate_inputs_and_combos
-)
-
-
+@CHECKS_STREAM_INPUTS
 class OmniDreamsStream(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -154,8 +135,6 @@ class OmniDreamsStream(io.ComfyNode):
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
-
-    validate_inputs = VALIDATE_STREAM_INPUTS
 
     @classmethod
     def execute(

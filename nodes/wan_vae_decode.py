@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from .. import compat
 from ..compat import io
-from ..integration import safe_paths
-from ..pipelines.wan_decode import FUSION_CHOICES, decode
+from ..pipelines.wan_decode import FUSIONS, decode
+from .input_checks import checks_inputs
 
 
+@checks_inputs(combos=("fusion",))
 class OmniVideoWanVAEDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -19,26 +20,22 @@ class OmniVideoWanVAEDecode(io.ComfyNode):
             description=(
                 "Decodes a Wan 2.1 / 2.2 video latent with core's VAE decode running fused fast paths on the "
                 "loaded VAE itself (no second copy): the same pixels as core VAE Decode, faster and with less "
-                "memory. 'auto' picks Triton on CUDA, fused torch elsewhere; 'off' runs ComfyUI's own operations."
+                "memory. 'auto' picks Triton on CUDA, fused torch elsewhere; 'off' runs ComfyUI's own module "
+                "forwards, still in OmniVideo's decode loop (one preallocated output, progress per latent frame)."
             ),
             inputs=[
                 io.Vae.Input("vae", tooltip="A Wan 2.1 (16-channel) or Wan 2.2 (48-channel) VAE from Load VAE."),
                 io.Latent.Input("samples", tooltip="Raw Wan latent [B, C, T, H, W], as core samplers return it."),
                 io.Combo.Input(
                     "fusion",
-                    options=list(FUSION_CHOICES),
+                    options=list(FUSIONS),
                     default="auto",
-                    tooltip="Fused kernels: the same pixels as core VAE Decode at every choice.",
+                    tooltip="Fused kernels: triton, torch, or off (ComfyUI's own module forwards in OmniVideo's "
+                    "decode loop); auto picks the fastest usable. The same pixels as core VAE Decode at every choice.",
                 ),
             ],
             outputs=[io.Image.Output(display_name="images")],
         )
-
-    if not safe_paths.CORE_CHECKS_V3_COMBOS:  # this ComfyUI passes any combo value on: ours checks fusion
-
-        @classmethod
-        def validate_inputs(cls, fusion=None):
-            return safe_paths.validated_choices(cls, fusion=fusion)
 
     @classmethod
     def execute(cls, vae, samples, fusion="auto") -> io.NodeOutput:

@@ -1,9 +1,10 @@
-"""Decode Wan 2.1 / 2.2 latents through core's own VAE decode, with our fast forwards installed meanwhile.
+"""Decode Wan 2.1 / 2.2 latents through core's own VAE decode, with our decode loop and fast forwards on it meanwhile.
 
 `decode` calls `comfy.sd.VAE.decode` itself (ComfyUI's model management loads the VAE, picks its dtype,
 batches and post-processes), so the pixels are core VAE Decode's bit for bit; only while that call runs
-do ComfyUI's Wan VAE modules carry the fused forwards of models/wan_vae/fused (no second copy of the
-weights), a preallocated output buffer, one progress step per latent frame and frequent cancel points.
+does ComfyUI's WanVAE carry the pack's decode loop (models/wan_vae/fused: a preallocated output buffer, progress
+counted in latent frames) and, unless `fusion` is off, its decoder modules the fused forwards
+(models/wan_vae/fast_forwards; no second copy of the weights), with frequent cancel points.
 """
 
 from __future__ import annotations
@@ -14,24 +15,24 @@ import logging
 import torch
 
 from .. import compat
-from ..backends import resolve
+from ..backends import implementations, resolve
 from ..backends.log_once import log_once
-from ..kernels import registrations as _registrations  # noqa: F401  (the fusion levels resolve() picks from)
-from ..models.wan_vae.fused import fused_decode, unknown_shapes, wan_version
+from ..kernels import registrations
+from ..models.wan_vae.core_vae import unknown_shapes, wan_version
+from ..models.wan_vae.fused import fused_decode
 
-# node choice -> registry implementation name
-FUSION_CHOICES = {"auto": "auto", "triton": "triton", "torch": "torch_fused", "off": "reference"}
+FUSIONS = ("auto", *implementations(registrations.OP))  # the node's choices: the registry's names (and auto)
 LATENT_CHANNELS = {"2.1": "Wan 2.1 (wan_2.1_vae.safetensors)", "2.2": "Wan 2.2 TI2V-5B (wan2.2_vae.safetensors)"}
 
 
 def select_fusion(fusion: str = "auto"):
-    """(implementation name, its ops module or None for 'reference') the registry resolves for a node choice."""
-    if fusion not in FUSION_CHOICES:
-        raise ValueError(f"fusion must be one of {', '.join(FUSION_CHOICES)}, got {fusion!r}")
-    chosen = resolve("wan_vae", FUSION_CHOICES[fusion])
+    """(implementation name, its ops module or None for 'off') the registry resolves for a node choice."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+    chosen = resolve(registrations.OP, fusion)
     if chosen.requested != "auto" and chosen.name != chosen.requested:
         compat.log.warning("OmniVideo Wan VAE Decode: %s", chosen.reason)
-    return chosen.name, (None if chosen.name == "reference" else chosen.load())
+    return chosen.name, (None if chosen.name == "off" else chosen.load())
 
 
 @contextlib.contextmanager

@@ -1,10 +1,11 @@
 """Every registered kernel against its torch twin, on this process's device.
 
-The twin of an implementation is the end of its fallback chain in the backend registry (wan_vae: `reference`,
-diffusers' own operation order; dense attention: `sdpa`; RainFusion executors: `rainfusion_reference`, the
-boolean-mask SDPA of the same block plan). Exact kernels must equal their twin bit for bit (values and strides);
-the block-sparse executors compute the same plan with other reductions, so they must agree within a tolerance
-stated in the row. The time ratio (kernel / twin, medians) is reported, never judged: it depends on the machine.
+The twin of an implementation is the end of its fallback chain in the backend registry (wan_vae: `off`, whose
+module is kernels/wan_vae_reference, diffusers' own operation order; dense attention: `sdpa`; RainFusion executors:
+`rainfusion_reference`, the boolean-mask SDPA of the same block plan). Exact kernels must equal their twin bit for
+bit (values and strides); the block-sparse executors compute the same plan with other reductions, so they must agree
+within a tolerance stated in the row. The time ratio (kernel / twin, medians) is reported, never judged: it depends on
+the machine.
 
 Triton without a GPU: the kernels run under Triton's CPU interpreter on small tensors, which proves them correct;
 their time says nothing then, so no ratio is printed. The interpreter must be chosen before `triton` is first
@@ -173,7 +174,7 @@ def _wan_vae_cases(device: torch.device, big: bool) -> dict[str, list[Case]]:
 
 def _attention_cases(device: torch.device, big: bool, one_head: bool) -> tuple[list[Case], list[Case]]:
     """(dense cases, RainFusion cases) as [B, S, H, D] fp32."""
-    from ..attention.layout import AttnLayout
+    from ..attention.rows import AttnRows
 
     grid, prefix, heads, dim, block = ((4, 30, 52), 32, 12, 128, 128) if big else ((3, 16, 16), 16, 2, 16, 32)
     heads = 1 if one_head else heads
@@ -182,10 +183,10 @@ def _attention_cases(device: torch.device, big: bool, one_head: bool) -> tuple[l
     used = s - 40
     dense = [
         Case((q, k, v), {}),
-        Case((q, k, v), {"layout": AttnLayout(kv_lengths=(used,))}, rows=slice(0, used)),  # packed [real | pad]
+        Case((q, k, v), {"rows": AttnRows(kv_lengths=(used,))}, rows=slice(0, used)),  # packed [real | pad]
     ]
-    layout = AttnLayout(prefix, grid)
-    sparse = [Case((q, k, v), {"layout": layout, "sparsity": sparsity, "block_size": block}) for sparsity in (0.8, 0.0)]
+    video = AttnRows(prefix, grid)
+    sparse = [Case((q, k, v), {"rows": video, "sparsity": sparsity, "block_size": block}) for sparsity in (0.8, 0.0)]
     return dense, sparse
 
 

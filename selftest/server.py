@@ -1,11 +1,12 @@
 """A real ComfyUI started headless with this pack, its folders in a temporary base directory, driven over HTTP.
 
-Shared by `python -m omnivideo.selftest` and the integration tests (tests/integration/conftest.py). The server runs
-`main.py` of a ComfyUI checkout with `--base-directory <root>` (and an extra_model_paths.yaml naming the same
-folders), so it reads models and custom nodes only from the temporary folder and writes nothing into the checkout;
-`custom_nodes/omnivideo` is a link to this pack (a copy where links are not allowed), next to small helper packs
-(`HELPER_PACK`: a lossless IMAGE saver and a text-encoder stand-in). Listens on 127.0.0.1 only, on a free port; the
-process is always terminated when the context ends. Plain urllib: no test dependency.
+Shared by `python -m omnivideo.selftest`, the integration tests (tests/integration/conftest.py) and the benchmarks
+that time a prompt in a fresh server (benchmarks/bench_wan_vae_decode.py). The server runs `main.py` of a ComfyUI
+checkout with `--base-directory <root>` (and an extra_model_paths.yaml naming the same folders), so it reads models
+and custom nodes only from the temporary folder and writes nothing into the checkout; `custom_nodes/omnivideo` is a
+link to this pack (a copy where links are not allowed), next to small helper packs (helper_nodes.HELPER_PACK: a
+lossless IMAGE saver and stand-ins for core's full-size text encoder and VAEs). Listens on 127.0.0.1 only, on a free
+port; the process is always terminated when the context ends. Plain urllib: no test dependency.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .helper_nodes import HELPER_PACK
+
 PACK = Path(__file__).resolve().parents[1]  # the pack folder (the repository root of a checkout)
 PACK_FOLDER = "omnivideo"  # the name `comfy node install omnivideo` gives the folder
 READY_TIMEOUT_S = 90
@@ -45,106 +48,6 @@ FOLDERS = (
 
 class ComfyError(AssertionError):
     """ComfyUI refused, failed or did not answer (an AssertionError, so pytest reports it as a failed check)."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Helper nodes, a custom node pack of their own in the temporary custom_nodes folder (never part of the pack)
-
-HELPER_PACK = textwrap.dedent('''
-    """OmniVideo self-test helpers (written by omnivideo.selftest.server into a temporary ComfyUI only)."""
-    import os
-
-    import folder_paths
-    import torch
-    from safetensors.torch import save_file
-
-
-    class OmniVideoTestSaveTensor:
-        """Writes IMAGE as float32 safetensors into the output folder, so two decoders can be compared exactly."""
-
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {"required": {"images": ("IMAGE",), "name": ("STRING", {"default": "probe"})}}
-
-        RETURN_TYPES = ()
-        FUNCTION = "save"
-        OUTPUT_NODE = True
-        CATEGORY = "_for_testing"
-
-        def save(self, images, name):
-            path = os.path.join(folder_paths.get_output_directory(), name + ".safetensors")
-            save_file({"images": images.detach().float().cpu().contiguous()}, path)
-            return {"ui": {"probe": [{"path": path, "shape": list(images.shape), "dtype": str(images.dtype)}]}}
-
-
-    class OmniVideoTestTextStandIn:
-        """A CONDITIONING of random UMT5-XXL-shaped states ([1, tokens, 4096]): stands in for CLIPLoader +
-        CLIPTextEncode of the core Wan graphs, whose 5.7B-parameter text encoder ComfyUI builds only at full size."""
-
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {
-                "required": {
-                    "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1}),
-                    "tokens": ("INT", {"default": 8, "min": 1, "max": 512}),
-                }
-            }
-
-        RETURN_TYPES = ("CONDITIONING",)
-        FUNCTION = "encode"
-        CATEGORY = "_for_testing"
-
-        def encode(self, seed, tokens):
-            g = torch.Generator().manual_seed(seed)
-            return ([[torch.randn(1, tokens, 4096, generator=g) * 0.1, {}]],)
-
-
-    class OmniVideoTestFramesStandIn:
-        """IMAGE frames from a video LATENT ([B, C, T, h, w] -> T frames of 16h x 16w, a fixed mix of the channels):
-        stands in for VAE Decode with core's MiniMax-H3 video VAE, which ComfyUI builds only at full size (2.6B
-        parameters)."""
-
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {"required": {"samples": ("LATENT",)}}
-
-        RETURN_TYPES = ("IMAGE",)
-        FUNCTION = "decode"
-        CATEGORY = "_for_testing"
-
-        def decode(self, samples):
-            latent = samples["samples"][:1].float()
-            mix = torch.linspace(-1.0, 1.0, latent.shape[1] * 3).view(3, latent.shape[1])
-            rgb = torch.einsum("rc,bcthw->bthwr", mix, latent)[0].sigmoid()
-            return (rgb.repeat_interleave(16, dim=1).repeat_interleave(16, dim=2).contiguous(),)
-
-
-    class OmniVideoTestAudioStandIn:
-        """AUDIO from an audio LATENT ([B, C, ..., T] -> stereo at 32 kHz, 1280 samples per latent step): stands in
-        for VAE Decode Audio with core's MiniMax-H3 audio VAE."""
-
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {"required": {"samples": ("LATENT",)}}
-
-        RETURN_TYPES = ("AUDIO",)
-        FUNCTION = "decode"
-        CATEGORY = "_for_testing"
-
-        def decode(self, samples):
-            latent = samples["samples"][:1].float()
-            steps = latent.flatten(1, -2).mean(dim=1, keepdim=True)  # [1, 1, T]
-            wave = steps.tanh().repeat_interleave(1280, dim=-1).repeat(1, 2, 1)
-            return ({"waveform": wave.contiguous(), "sample_rate": 32000},)
-
-
-    NODE_CLASS_MAPPINGS = {
-        "OmniVideoTestSaveTensor": OmniVideoTestSaveTensor,
-        "OmniVideoTestTextStandIn": OmniVideoTestTextStandIn,
-        "OmniVideoTestFramesStandIn": OmniVideoTestFramesStandIn,
-        "OmniVideoTestAudioStandIn": OmniVideoTestAudioStandIn,
-    }
-''')
 
 
 def _fail(message: str) -> None:

@@ -49,31 +49,31 @@ def sample(model, cond, latent):
 
 
 class SparseCallSpy:
-    """Wraps the patch's attention(): the layouts of its calls, and the first sparse call's q, k, v and output."""
+    """Wraps the patch's attention(): the rows of its calls, and the first sparse call's q, k, v and output."""
 
     def __init__(self):
-        self.layouts, self.first = set(), None
+        self.attn_rows, self.first = set(), None
         self.real = attention_patch.attention
 
     def __call__(self, q, k, v, config, **kw):
         out = self.real(q, k, v, config, **kw)
-        layout = kw["layout"]
-        self.layouts.add((layout.prefix_len, tuple(layout.grid)))
+        rows = kw["rows"]
+        self.attn_rows.add((rows.prefix_len, tuple(rows.grid)))
         if self.first is None and kw["stats"].sparse_calls:
-            self.first = (q, k, v, kw["scale"], layout, out)
+            self.first = (q, k, v, kw["scale"], rows, out)
         return out
 
 
 def rows_dense(spy) -> dict:
     """How far the first sparse call's output rows are from dense attention: the rows before the video (text,
     keyframe, audio) and the first frame must equal it, the later video rows may not."""
-    q, k, v, scale, layout, out = spy.first
+    q, k, v, scale, rows, out = spy.first
     dense = torch.nn.functional.scaled_dot_product_attention(
         *(t.transpose(1, 2) for t in (q, k, v)), scale=scale
     ).transpose(1, 2)
     diff = (out - dense).abs().amax(dim=(0, 2, 3))
-    frame = layout.grid[1] * layout.grid[2]
-    start = layout.prefix_len
+    frame = rows.grid[1] * rows.grid[2]
+    start = rows.prefix_len
     return {
         "prefix": float(diff[:start].max()),
         "first_frame": float(diff[start : start + frame].max()),
@@ -139,7 +139,7 @@ def main():
             "sparse_calls": stats.sparse_calls,
             "dense_calls": dict(stats.dense_calls),
             "realized": stats.realized_sparsity,
-            "layouts": sorted(spy.layouts),
+            "attn_rows": sorted(spy.attn_rows),
             "rows_vs_dense": rows_dense(spy) if spy.first is not None else None,
         }
     out["refiner"] = refiner_untouched(OmniVideoPatchModelAttention.execute(base, runs["0.8"]).args[0])

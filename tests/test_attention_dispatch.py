@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from omnivideo.attention import config as C
 from omnivideo.attention import dispatch as A
-from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.rows import AttnRows
 from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.backends import PLATFORM, Platform, resolve
 from omnivideo.backends.log_once import forget
@@ -77,12 +77,12 @@ def test_sparse_auto_resolution_on_cpu():
 @pytest.mark.parametrize("backend", ["torch_block_sparse", "rainfusion_reference"])
 def test_sparse_call_matches_reference_and_reports_sparsity(backend):
     q, k, v = qkv()
-    layout = AttnLayout(PREFIX, GRID)
+    rows = AttnRows(PREFIX, GRID)
     cfg = C.AttentionConfig(backend, sparsity=0.8, block_size=32, min_video_blocks=4)
     stats = A.AttentionStats()
-    out = A.attention(q, k, v, cfg, layout=layout, step=3, layer=1, stats=stats)
+    out = A.attention(q, k, v, cfg, rows=rows, step=3, layer=1, stats=stats)
     info = {}
-    ref = rainfusion_reference(q, k, v, layout=layout, sparsity=0.8, block_size=32, stats=info)
+    ref = rainfusion_reference(q, k, v, rows=rows, sparsity=0.8, block_size=32, stats=info)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     assert stats.sparse_calls == 1 and stats.impls[backend] == 1 and stats.nominal_sparsity == 0.8
     assert stats.realized_sparsity == pytest.approx(info["realized_sparsity"])
@@ -92,7 +92,7 @@ def test_sparse_call_matches_reference_and_reports_sparsity(backend):
 def test_dense_reasons_are_logged_once_and_counted(caplog):
     forget()
     q, k, v = qkv()
-    layout = AttnLayout(PREFIX, GRID)
+    rows = AttnRows(PREFIX, GRID)
     cfg = C.AttentionConfig(
         "rainfusion", sparsity=0.8, start_step=2, skip_layers="0-1,5", block_size=32, min_video_blocks=4
     )
@@ -100,12 +100,12 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
     expected = dense(q, k, v)
     with caplog.at_level(logging.INFO, logger="omnivideo"):
         for _ in range(3):
-            out = A.attention(q, k, v, cfg, layout=layout, step=0, layer=3, stats=stats)  # warm-up
+            out = A.attention(q, k, v, cfg, rows=rows, step=0, layer=3, stats=stats)  # warm-up
             torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
-            A.attention(q, k, v, cfg, layout=layout, step=4, layer=5, stats=stats)  # skip_layers
-            A.attention(q, k, v, cfg, layout=None, step=4, layer=2, stats=stats)  # no layout
-            A.attention(q, k, v, cfg, layout=AttnLayout(0, GRID), step=4, layer=2, stats=stats)  # inconsistent
-            A.attention(q, k, v, C.AttentionConfig("rainfusion", block_size=32), layout=layout, stats=stats)  # short
+            A.attention(q, k, v, cfg, rows=rows, step=4, layer=5, stats=stats)  # skip_layers
+            A.attention(q, k, v, cfg, rows=None, step=4, layer=2, stats=stats)  # no rows
+            A.attention(q, k, v, cfg, rows=AttnRows(0, GRID), step=4, layer=2, stats=stats)  # inconsistent
+            A.attention(q, k, v, C.AttentionConfig("rainfusion", block_size=32), rows=rows, stats=stats)  # short
     assert stats.sparse_calls == 0
     assert stats.dense_calls == {
         "warm-up": 3,
@@ -118,25 +118,25 @@ def test_dense_reasons_are_logged_once_and_counted(caplog):
     assert len(lines) == 5, lines  # each reason once
     assert any("step 0 < start_step 2" in m for m in lines)
     assert any("24 video blocks < 32" in m for m in lines)
-    A.attention(q, k, v, cfg, layout=layout, step=2, layer=2, stats=stats)
+    A.attention(q, k, v, cfg, rows=rows, step=2, layer=2, stats=stats)
     assert stats.sparse_calls == 1  # past warm-up, not skipped: sparse
 
 
 def test_packed_sequence_runs_sparse_on_real_rows():
     q, k, v = qkv(s=PREFIX + 768 + 40)
-    layout = AttnLayout(PREFIX, GRID, kv_lengths=(PREFIX + 768,))
+    rows = AttnRows(PREFIX, GRID, kv_lengths=(PREFIX + 768,))
     cfg = C.AttentionConfig("torch_block_sparse", sparsity=0.8, block_size=32, min_video_blocks=4)
-    out = A.attention(q, k, v, cfg, layout=layout)
+    out = A.attention(q, k, v, cfg, rows=rows)
     real = slice(0, PREFIX + 768)
     ref = rainfusion_reference(
-        q[:, real], k[:, real], v[:, real], layout=AttnLayout(PREFIX, GRID), sparsity=0.8, block_size=32
+        q[:, real], k[:, real], v[:, real], rows=AttnRows(PREFIX, GRID), sparsity=0.8, block_size=32
     )
     torch.testing.assert_close(out[:, real], ref, atol=2e-6, rtol=1e-5)
 
 
 def test_video_must_be_the_tail_of_the_real_rows():
     q, k, v = qkv()
-    why = A.dense_reason(C.AttentionConfig("rainfusion", min_video_blocks=1), q, k, AttnLayout(8, GRID), None, None)
+    why = A.dense_reason(C.AttentionConfig("rainfusion", min_video_blocks=1), q, k, AttnRows(8, GRID), None, None)
     assert why[0] == "layout inconsistent" and "tail" in why[1]
     assert math.prod(GRID) + PREFIX == q.shape[1]
     assert PLATFORM.name in ("cpu", "cuda", "npu")

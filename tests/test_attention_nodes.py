@@ -13,9 +13,9 @@ from test_attention_npu import NPU, mindiesd  # noqa: F401  the fake torch_npu /
 
 from omnivideo.attention import dispatch
 from omnivideo.attention.config import AttentionConfig
-from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.rows import AttnRows
 from omnivideo.attention.torch_impl import rainfusion_reference
-from omnivideo.integration.attention_patch import call_layout, patch_grid, sampling_step
+from omnivideo.integration.attention_patch import call_rows, patch_grid, sampling_step
 from omnivideo.nodes import node_classes
 from omnivideo.nodes.attention import OmniVideoAttention, OmniVideoPatchModelAttention
 
@@ -118,14 +118,14 @@ def test_patch_routes_self_attention_through_rainfusion_with_the_latent_grid():
     comfy_original.calls = 0
     out = run_forward(wrapper, lambda opts: override(comfy_original, q, k, v, heads=H, transformer_options=opts), {})
     ref = rainfusion_reference(
-        *(t.view(1, S, H, D) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8, block_size=32
+        *(t.view(1, S, H, D) for t in (q, k, v)), rows=AttnRows(0, GRID), sparsity=0.8, block_size=32
     )
     assert comfy_original.calls == 0 and out.shape == q.shape
     torch.testing.assert_close(out, ref.reshape(1, S, H * D), atol=2e-6, rtol=1e-5)
     assert override.__self__.stats.sparse_calls == 1
 
 
-def test_patch_passes_cross_attention_masks_and_unknown_layouts_to_the_original():
+def test_patch_passes_cross_attention_masks_and_unknown_rows_to_the_original():
     patched, override, wrapper = patched_model(CFG)
     q, k, v = qkv()
     ctx = torch.randn(1, 77, H * D)
@@ -141,8 +141,8 @@ def test_patch_passes_cross_attention_masks_and_unknown_layouts_to_the_original(
 
     run_forward(wrapper, body, opts)
     assert comfy_original.calls == 3  # cross-attention and masked call passed through + 1 direct reference call
-    assert opts == {}  # the layout is removed after the forward
-    out = override(comfy_original, q, k, v, heads=H, transformer_options={})  # no wrapper ran: no layout
+    assert opts == {}  # the rows are removed after the forward
+    out = override(comfy_original, q, k, v, heads=H, transformer_options={})  # no wrapper ran: no rows
     assert torch.equal(out, comfy_original(q, k, v, H))
     assert override.__self__.stats.dense_calls["no layout"] == 1
     out = run_forward(
@@ -189,7 +189,7 @@ def test_patch_handles_comfy_bhsd_layout():
         {},
     )
     ref = rainfusion_reference(
-        *(t.transpose(1, 2) for t in (q, k, v)), layout=AttnLayout(0, GRID), sparsity=0.8, block_size=32
+        *(t.transpose(1, 2) for t in (q, k, v)), rows=AttnRows(0, GRID), sparsity=0.8, block_size=32
     )
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=2e-6, rtol=1e-5)
 
@@ -221,20 +221,20 @@ class NativeH3:
     patch_size = (1, 2, 2)
 
 
-def test_call_layout_of_native_h3_and_wan():
+def test_call_rows_of_native_h3_and_wan():
     h3, video, audio, text = NativeH3(), torch.zeros(1, 24, 3, 15, 16), torch.zeros(1, 32, 2, 5), torch.zeros(1, 7, 8)
     h3_args = ([video, audio], None, text, {})  # forward(x, timestep, context, transformer_options)
     PackedLayout.built = 0
     payload = {"keyframes": [{}], "layout": PackedLayout(7, 3, 16, 16, 5, keyframes=[{}])}  # h padded to 16
-    assert call_layout(h3, h3_args, {"minimax_payload": payload}) == (AttnLayout(7 + 4 + 10, (3, 8, 8)), 213)
+    assert call_rows(h3, h3_args, {"minimax_payload": payload}) == (AttnRows(7 + 4 + 10, (3, 8, 8)), 213)
     assert PackedLayout.built == 1  # the payload's layout was used
-    assert call_layout(h3, h3_args, {}) == (AttnLayout(7 + 10, (3, 8, 8)), 209)  # built as the model builds it
+    assert call_rows(h3, h3_args, {}) == (AttnRows(7 + 10, (3, 8, 8)), 209)  # built as the model builds it
     assert PackedLayout.built == 2
     payload["layout"] = PackedLayout(7, 3, 16, 16, 4)  # a stale layout (other audio length): rebuilt
-    assert call_layout(h3, h3_args, {"minimax_payload": payload}) == (AttnLayout(21, (3, 8, 8)), 213)
-    assert call_layout(types.SimpleNamespace(patch_size=(1, 2, 2)), h3_args, {}) == (None, None)  # no PackedLayout
+    assert call_rows(h3, h3_args, {"minimax_payload": payload}) == (AttnRows(21, (3, 8, 8)), 213)
+    assert call_rows(types.SimpleNamespace(patch_size=(1, 2, 2)), h3_args, {}) == (None, None)  # no PackedLayout
     wan = (torch.zeros(1, 16, 3, 32, 32), None, None)
-    assert call_layout(types.SimpleNamespace(patch_size=(1, 2, 2)), wan, {}) == (AttnLayout(0, GRID), None)
+    assert call_rows(types.SimpleNamespace(patch_size=(1, 2, 2)), wan, {}) == (AttnRows(0, GRID), None)
 
 
 class H3Executor:
@@ -319,7 +319,7 @@ def test_patch_node_on_core_native_minimax_h3(comfyui_path):
     zero, sparse, gated = result["0.0"], result["0.8"], result["gated"]
     video = [[result["expected_prefix"], [2, 16, 16]]]  # [text | keyframe | audio] rows, then the video grid
     for run in (zero, sparse, gated):
-        assert run["layouts"] == video
+        assert run["attn_rows"] == video
         assert run["rows_vs_dense"]["prefix"] <= 1e-6 and run["rows_vs_dense"]["first_frame"] <= 1e-6
     assert zero["sparse_calls"] == 4 and zero["dense_calls"] == {}  # 2 blocks x 2 steps, all through our op
     assert zero["max_abs_diff"] <= 1e-5 * max(1.0, zero["ref_scale"])  # sparsity 0: core's latent

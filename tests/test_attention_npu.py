@@ -12,7 +12,7 @@ import torch
 
 from omnivideo.attention.config import AttentionConfig, validate
 from omnivideo.attention.dispatch import AttentionStats, attention
-from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.rows import AttnRows
 from omnivideo.attention.torch_impl import rainfusion_reference
 from omnivideo.backends import backend_report, detect, resolve
 from omnivideo.backends.registry import clear_cache
@@ -86,7 +86,7 @@ def mindiesd(monkeypatch):
             q,
             k,
             v,
-            layout=AttnLayout(txt_len, tuple(latent_shape_q)),
+            rows=AttnRows(txt_len, tuple(latent_shape_q)),
             sparsity=sparsity,
             scale=scale,
             block_size=block_size,
@@ -184,7 +184,7 @@ def test_missing_mindiesd_ops_fall_back_and_say_why(NPU, mindiesd, monkeypatch):
 def test_packed_varlen_calls_mindie_in_tnd_with_host_cu_seqlens(NPU, mindiesd):
     q, k, v = qkv()
     k[:, 70:] = 1e4  # padding garbage
-    out = attention(q, k, v, AttentionConfig("auto"), scale=0.25, layout=AttnLayout(kv_lengths=(70,)), platform=NPU)
+    out = attention(q, k, v, AttentionConfig("auto"), scale=0.25, rows=AttnRows(kv_lengths=(70,)), platform=NPU)
     ((kind, call),) = mindiesd
     assert kind == "varlen" and call["shape"] == (96, 2, 16)
     assert call["cu_q"] == [0, 70, 96] and call["cu_k"] == [0, 70, 96] and call["scale"] == 0.25
@@ -202,7 +202,7 @@ def test_unpacked_batch_uses_one_segment_per_item(NPU, mindiesd):
 def test_laser_prescale_is_exact(NPU, mindiesd, monkeypatch):
     monkeypatch.setenv("MINDIE_SD_FA_TYPE", "ascend_laser_attention")
     q, k, v = qkv(s=64)
-    out = attention(q, k, v, AttentionConfig("auto"), scale=0.3, layout=AttnLayout(kv_lengths=(50,)), platform=NPU)
+    out = attention(q, k, v, AttentionConfig("auto"), scale=0.3, rows=AttnRows(kv_lengths=(50,)), platform=NPU)
     ((kind, call),) = mindiesd
     assert kind == "laser" and call["scale"] == 0.3 * 256 * 256 and call["head_first"] is True
     assert call["kw"] == {"opt_mode": "manual", "op_type": "fused_attn_score", "layout": "BNSD"}
@@ -214,12 +214,12 @@ def test_laser_prescale_is_exact(NPU, mindiesd, monkeypatch):
 
 def test_contract_failure_rebuilds_mask_or_raises(NPU, mindiesd):
     q, k, v = qkv(b=2, s=48)
-    out = attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30, 48)), platform=NPU)
+    out = attention(q, k, v, AttentionConfig("auto"), rows=AttnRows(kv_lengths=(30, 48)), platform=NPU)
     assert mindiesd == []  # not the packed contract: MindIE varlen not called
     expected = _math_attention(*(x[0, :30].transpose(0, 1) for x in (q, k, v)), 16**-0.5).transpose(0, 1)
     torch.testing.assert_close(out[0, :30], expected, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="valid_kv_length"):
-        attention(q, k, v, AttentionConfig("auto"), layout=AttnLayout(kv_lengths=(30,)), platform=NPU)
+        attention(q, k, v, AttentionConfig("auto"), rows=AttnRows(kv_lengths=(30,)), platform=NPU)
 
 
 @pytest.mark.parametrize("grid, prefix", [((2, 16, 32), 128), ((3, 8, 24), 200)])  # video rows 1024 / 576
@@ -234,7 +234,7 @@ def test_rainfusion_runs_our_plan_on_the_mindie_kernel(NPU, mindiesd, grid, pref
     q, k, v = qkv(b=2, s=prefix + math.prod(grid), seed=3)
     cfg = AttentionConfig("rainfusion", sparsity=0.7, min_video_blocks=2)
     stats = AttentionStats()
-    out = attention(q, k, v, cfg, scale=0.2, layout=AttnLayout(prefix, grid), platform=NPU, stats=stats)
+    out = attention(q, k, v, cfg, scale=0.2, rows=AttnRows(prefix, grid), platform=NPU, stats=stats)
     assert [kind for kind, _ in mindiesd] == ["rain_fusion", "rain_fusion"]  # one call per batch element
     for i, (_, call) in enumerate(mindiesd):
         *_, plan = plan_and_permute(q[i : i + 1], k[i : i + 1], v[i : i + 1], grid, prefix, 0.7, 0.2, 128)
@@ -245,7 +245,7 @@ def test_rainfusion_runs_our_plan_on_the_mindie_kernel(NPU, mindiesd, grid, pref
             mixed = math.prod(grid) // 128
             assert plan.protected[mixed] and bool((select_num[mixed] == plan.n_blocks).all())
     expected = rainfusion_reference(
-        q, k, v, layout=AttnLayout(prefix, grid), sparsity=0.7, scale=0.2, block_size=128
+        q, k, v, rows=AttnRows(prefix, grid), sparsity=0.7, scale=0.2, block_size=128
     )  # the CPU reference of the same plan
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(

@@ -113,7 +113,7 @@ def _forward(override, wrapper, x: torch.Tensor, layers: int, barrier: threading
         for layer in range(layers):
             barrier.wait(timeout=60)
             h = override(comfy_original, h, h * 0.5, h, heads=H, transformer_options=opts) + h
-            assert opts[attention_patch.LAYOUT_KEY]["layer"] == layer + 1
+            assert opts[attention_patch.ROWS_KEY]["layer"] == layer + 1
         return h
 
     return run_forward(wrapper, body, {"block_index": None})

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omnivideo.attention import rainfusion as R
-from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.rows import AttnRows
 from omnivideo.attention.torch_impl import block_sparse_gather, rainfusion_reference, sdpa
 from omnivideo.backends import PLATFORM, implementations
 
@@ -23,7 +23,7 @@ def make_qkv(s, b=1, h=2, d=16, seed=0):
 def case():
     s = PREFIX + math.prod(GRID)
     q, k, v = make_qkv(s)
-    return q, k, v, AttnLayout(PREFIX, GRID)
+    return q, k, v, AttnRows(PREFIX, GRID)
 
 
 def _flex():
@@ -94,9 +94,9 @@ def test_keep_count_and_pooling():
 
 
 def test_block_mask_kept_count_per_head_and_realized_sparsity(case):
-    q, k, v, layout = case
+    q, k, v, rows = case
     scale = q.shape[-1] ** -0.5
-    _, _, _, plan = R.plan_and_permute(q, k, v, layout.grid, layout.prefix_len, 0.8, scale, BS)
+    _, _, _, plan = R.plan_and_permute(q, k, v, rows.grid, rows.prefix_len, 0.8, scale, BS)
     nb = plan.n_blocks
     assert nb == 25 and plan.keep_len == 5
     prot = plan.protected.tolist()
@@ -125,13 +125,13 @@ def test_block_mask_kept_count_per_head_and_realized_sparsity(case):
 
 
 def _run(fn, case, sparsity, stats=None):
-    q, k, v, layout = case
-    return fn(q, k, v, layout=layout, sparsity=sparsity, block_size=BS, stats=stats)
+    q, k, v, rows = case
+    return fn(q, k, v, rows=rows, sparsity=sparsity, block_size=BS, stats=stats)
 
 
 def _one_head(case):  # the Triton interpreter is slow: one head of the same inputs
-    q, k, v, layout = case
-    return q[:, :, :1], k[:, :, :1], v[:, :, :1], layout
+    q, k, v, rows = case
+    return q[:, :, :1], k[:, :, :1], v[:, :, :1], rows
 
 
 @pytest.mark.parametrize("name", ["reference", "gather", "flex", "triton"])
@@ -144,7 +144,7 @@ def test_sparsity_zero_equals_dense(case, name):
 
 
 def test_executors_agree_at_sparsity_08_and_protected_rows_are_dense(case):
-    q, k, v, layout = case
+    q, k, v, _ = case
     dense = sdpa(q, k, v)
     stats = {}
     ref = _run(rainfusion_reference, case, 0.8, stats)
@@ -175,13 +175,13 @@ def test_triton_agrees_with_reference_at_08(case):
 def test_irregular_grid_24x42_runs_and_matches(case):
     grid, prefix = (2, 24, 42), 8
     q, k, v = make_qkv(prefix + math.prod(grid), h=1, d=16, seed=1)
-    layout = AttnLayout(prefix, grid)
+    rows = AttnRows(prefix, grid)
     dense = sdpa(q, k, v)
-    ref0 = rainfusion_reference(q, k, v, layout=layout, sparsity=0.0, block_size=128)
+    ref0 = rainfusion_reference(q, k, v, rows=rows, sparsity=0.0, block_size=128)
     torch.testing.assert_close(ref0, dense, atol=2e-6, rtol=1e-5)
-    ref = rainfusion_reference(q, k, v, layout=layout, sparsity=0.8, block_size=128)
+    ref = rainfusion_reference(q, k, v, rows=rows, sparsity=0.8, block_size=128)
     torch.testing.assert_close(
-        block_sparse_gather(q, k, v, layout=layout, sparsity=0.8, block_size=128), ref, atol=2e-6, rtol=1e-5
+        block_sparse_gather(q, k, v, rows=rows, sparsity=0.8, block_size=128), ref, atol=2e-6, rtol=1e-5
     )
     tail = R.tile_order(grid, prefix).perm[R.tile_order(grid, prefix).n_tiled :]
     assert torch.equal(ref[:, tail], dense[:, tail])  # irregular remainder + prefix rows are dense rows
@@ -192,8 +192,8 @@ def test_triton_production_block_size_with_partial_blocks():
     tri = _triton()
     grid, prefix = (2, 16, 16), 16  # 512 video + 16 prefix rows: 5 blocks of 128, the last one partial
     q, k, v = make_qkv(prefix + 512, h=1, d=16, seed=3)
-    layout = AttnLayout(prefix, grid)
+    rows = AttnRows(prefix, grid)
     for sparsity in (0.0, 0.6):
-        ref = rainfusion_reference(q, k, v, layout=layout, sparsity=sparsity, block_size=128)
-        out = tri(q, k, v, layout=layout, sparsity=sparsity, block_size=128)
+        ref = rainfusion_reference(q, k, v, rows=rows, sparsity=sparsity, block_size=128)
+        out = tri(q, k, v, rows=rows, sparsity=sparsity, block_size=128)
         torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)

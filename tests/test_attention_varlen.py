@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnivideo.attention.layout import AttnLayout
+from omnivideo.attention.rows import AttnRows
 from omnivideo.attention.torch_impl import flash_varlen, sdpa
 
 S, USED = 300, 220
@@ -37,7 +37,7 @@ def test_packed_real_rows_equal_sdpa_over_real_rows_without_a_mask(fn, sdpa_call
     q, k, v = qkv()
     # garbage in the padding must not leak into the real rows
     k[:, USED:] = 1e4
-    out = fn(q, k, v, layout=AttnLayout(kv_lengths=(USED,)))
+    out = fn(q, k, v, rows=AttnRows(kv_lengths=(USED,)))
     expected = ref(q[:, :USED], k[:, :USED], v[:, :USED])
     assert torch.equal(out[:, :USED], expected)
     assert sdpa_calls[0] == (USED, None)  # keys sliced, no mask at all
@@ -52,7 +52,7 @@ def test_unpacked_is_plain_sdpa(sdpa_calls):
 
 def test_batch_of_packed_rows_uses_an_o_s_key_mask(sdpa_calls):
     q, k, v = qkv(b=2)
-    out = sdpa(q, k, v, layout=AttnLayout(kv_lengths=(USED, S)))
+    out = sdpa(q, k, v, rows=AttnRows(kv_lengths=(USED, S)))
     torch.testing.assert_close(out[:1, :USED], ref(q[:1, :USED], k[:1, :USED], v[:1, :USED]), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out[1:], ref(q[1:], k[1:], v[1:]), atol=1e-6, rtol=1e-5)
     assert sdpa_calls[0] == (S, (2, 1, 1, S))  # B x S key mask, not S x S
@@ -61,9 +61,9 @@ def test_batch_of_packed_rows_uses_an_o_s_key_mask(sdpa_calls):
 def test_unusable_lengths_raise_instead_of_attending_padding():
     q, k, v = qkv(b=2)
     with pytest.raises(ValueError, match="valid_kv_length"):
-        sdpa(q, k, v, layout=AttnLayout(kv_lengths=(USED,)))
+        sdpa(q, k, v, rows=AttnRows(kv_lengths=(USED,)))
     with pytest.raises(ValueError, match="valid_kv_length"):
-        flash_varlen(q, k, v, layout=AttnLayout(kv_lengths=(0, S + 1)))
+        flash_varlen(q, k, v, rows=AttnRows(kv_lengths=(0, S + 1)))
 
 
 def test_cudnn_preference_is_ordered(monkeypatch):
@@ -98,16 +98,16 @@ def test_cudnn_preference_is_ordered(monkeypatch):
 
 def test_scale_and_stats_helpers_are_shared():
     from omnivideo.attention import flex_impl as attention_flex
-    from omnivideo.attention import layout as attention_layout
     from omnivideo.attention import npu_impl as attention_npu
     from omnivideo.attention import rainfusion
+    from omnivideo.attention import rows as attention_rows
     from omnivideo.attention import torch_impl as attention_torch
 
-    assert attention_torch._scale is attention_layout.resolve_scale is attention_npu._scale
-    assert attention_flex.resolve_scale is attention_layout.resolve_scale
+    assert attention_torch._scale is attention_rows.resolve_scale is attention_npu._scale
+    assert attention_flex.resolve_scale is attention_rows.resolve_scale
     assert attention_torch.record_stats is rainfusion.record_stats is attention_flex.record_stats
     q = torch.zeros(1, 2, 1, 16)
-    assert attention_layout.resolve_scale(q, None) == 0.25 and attention_layout.resolve_scale(q, 2) == 2.0
+    assert attention_rows.resolve_scale(q, None) == 0.25 and attention_rows.resolve_scale(q, 2) == 2.0
     plan = rainfusion.plan_and_permute(*qkv(s=3 * 16 * 16 + 16), (3, 16, 16), 16, 0.5, 0.25, 64)[3]
     stats = {}
     rainfusion.record_stats(stats, plan)

@@ -73,14 +73,14 @@ def test_follows_comfyui_device_choice(monkeypatch, fake_npu):
 
 def test_wan_vae_resolution_per_platform(monkeypatch, NPU):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert resolve("wan_vae", "auto", CPU).name == "torch_fused"
+    assert resolve("wan_vae", "auto", CPU).name == "torch"
     fell = resolve("wan_vae", "triton", CPU)
-    assert fell.name == "torch_fused" and "fell back to torch_fused" in fell.reason and "Triton" in fell.reason
+    assert fell.name == "torch" and "fell back to torch" in fell.reason and "Triton" in fell.reason
     on_npu = resolve("wan_vae", "triton", NPU)
-    assert on_npu.name == "torch_fused" and "this is npu" in on_npu.reason
-    assert resolve("wan_vae", "reference", NPU).reason == "requested"
+    assert on_npu.name == "torch" and "this is npu" in on_npu.reason
+    assert resolve("wan_vae", "off", NPU).reason == "requested"
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the CPU interpreter makes Triton usable (tests)
-    assert resolve("wan_vae", "triton", CPU).name == "torch_fused"  # answers are cached per process...
+    assert resolve("wan_vae", "triton", CPU).name == "torch"  # answers are cached per process...
     clear_cache()  # ...until the cache is cleared
     assert resolve("wan_vae", "triton", CPU).name == "triton"
 
@@ -96,7 +96,7 @@ def test_npu_attention_needs_mindiesd(monkeypatch, fake_mindiesd, NPU):
 
 
 def test_unknown_names_are_clear_errors():
-    with pytest.raises(ValueError, match="choose from auto, triton, torch_fused, reference"):
+    with pytest.raises(ValueError, match="choose from auto, triton, torch, off"):
         resolve("wan_vae", "cudnn")
     with pytest.raises(KeyError, match="unknown op 'convolution'"):
         resolve("convolution")
@@ -106,7 +106,7 @@ def test_every_implementation_loads_and_runs_where_usable():
     """What "usable" promises: the implementation loads, and runs. Attention: each usable one on a tiny input
     (rows [prefix 8 | video 1x4x4]) at sparsity 0 gives SDPA's result. Wan VAE: the fusion module has its ops."""
     from omnivideo.attention.dispatch import _call
-    from omnivideo.attention.layout import AttnLayout
+    from omnivideo.attention.rows import AttnRows
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 24, 2, 16, generator=g) for _ in range(3))
@@ -114,12 +114,12 @@ def test_every_implementation_loads_and_runs_where_usable():
     ran = []
     for name, impl in implementations("attention").items():
         if impl.unusable_reason(platform.PLATFORM) is None:
-            out = _call(impl.load(), q, k, v, scale=None, layout=AttnLayout(8, (1, 4, 4)), sparsity=0.0, block_size=16)
+            out = _call(impl.load(), q, k, v, scale=None, rows=AttnRows(8, (1, 4, 4)), sparsity=0.0, block_size=16)
             torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5, msg=f"attention/{name}")
             ran.append(name)
     assert {"sdpa", "flash_varlen", "torch_block_sparse", "rainfusion_reference"} <= set(ran), ran
     for name, impl in implementations("wan_vae").items():
-        if impl.unusable_reason(platform.PLATFORM) is None and name != "reference":
+        if impl.unusable_reason(platform.PLATFORM) is None and name != "off":
             ops = impl.load()
             assert callable(ops.cat_pad_5d) and callable(ops.dup_up3d_add), f"wan_vae/{name}"
 
@@ -127,7 +127,7 @@ def test_every_implementation_loads_and_runs_where_usable():
 def test_report_and_node(monkeypatch, NPU, fake_mindiesd):
     text = backend_report(NPU)
     assert "platform: npu" in text and "Ascend910B (fake)" in text
-    assert "wan_vae: auto -> torch_fused" in text
+    assert "wan_vae: auto -> torch" in text
     assert "triton: unusable - triton runs on cuda/cpu, this is npu" in text
     assert "torch " + torch.__version__ in text and "diffusers" in text
     assert "torch.distributed backend cpu:gloo,npu:hccl" in text  # OmniVideo Parallel on Ascend

@@ -1,5 +1,5 @@
 """H3 through our attention processors: backends agree with SDPA, RainFusion really sparsifies,
-and every call receives the right layout metadata."""
+and every call receives the right rows (`AttnRows`)."""
 
 from __future__ import annotations
 
@@ -70,14 +70,14 @@ def test_rainfusion_sparse_differs_but_finite(parts, cond, dense, caplog):
 
 
 def _recorded_run(monkeypatch, model, cond):
-    """(kind, layer, AttnLayout, seq_len) of every attention call the processors make during one sampler run."""
+    """(kind, layer, AttnRows, seq_len) of every attention call the processors make during one sampler run."""
     from omnivideo.models.h3 import attention as h3_attn
 
     calls = []
     real = h3_attn.attention
 
     def recording(q, k, v, config=None, **kw):
-        calls.append(("block" if "layer" in kw else "refiner", kw.get("layer"), kw["layout"], q.shape[1]))
+        calls.append(("block" if "layer" in kw else "refiner", kw.get("layer"), kw["rows"], q.shape[1]))
         return real(q, k, v, config, **kw)
 
     monkeypatch.setattr(h3_attn, "attention", recording)
@@ -86,7 +86,7 @@ def _recorded_run(monkeypatch, model, cond):
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flash_varlen"])
-def test_processor_gets_layout_t2va(monkeypatch, parts, cond, backend):
+def test_processor_gets_rows_t2va(monkeypatch, parts, cond, backend):
     calls = _recorded_run(monkeypatch, _model(parts, AttentionConfig(backend=backend)), cond)
     n_text = cond.text.shape[1]
     audio_rows = 2 * round(FRAMES / 24 * 40)
@@ -95,19 +95,19 @@ def test_processor_gets_layout_t2va(monkeypatch, parts, cond, backend):
     blocks = [c for c in calls if c[0] == "block"]
     assert len(refiner) == 1 and len(blocks) == 2  # one forward: 1 refiner layer, 2 blocks
     assert [c[1] for c in blocks] == [0, 1]
-    _, _, layout, seq = refiner[0]
-    assert seq == n_text and layout.prefix_len == n_text and layout.grid is None
+    _, _, rows, seq = refiner[0]
+    assert seq == n_text and rows.prefix_len == n_text and rows.grid is None
     real = n_text + audio_rows + video_rows
-    for _, _, layout, seq in blocks:
-        assert layout.prefix_len == n_text + audio_rows  # video start
-        assert layout.grid == (37, 8, 8)
+    for _, _, rows, seq in blocks:
+        assert rows.prefix_len == n_text + audio_rows  # video start
+        assert rows.grid == (37, 8, 8)
         if backend == "flash_varlen":
-            assert seq % 128 == 0 and seq > real and layout.kv_lengths == (real,)
+            assert seq % 128 == 0 and seq > real and rows.kv_lengths == (real,)
         else:
-            assert seq == real and layout.kv_lengths is None
+            assert seq == real and rows.kv_lengths is None
 
 
-def test_processor_gets_layout_fl2va(monkeypatch, parts):
+def test_processor_gets_rows_fl2va(monkeypatch, parts):
     transformer, vae, _ = parts
     first, last = keyframe_images()
     emb, tags = text_inputs(n_vision_blocks=2)

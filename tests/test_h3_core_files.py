@@ -12,7 +12,8 @@ from support.h3_core_files import as_tensor, core_files, core_keys, fp8_per_tens
 from support.h3_tiny import FRAMES, HEIGHT, WIDTH, make_models, text_inputs, write_folder
 
 from omnivideo.models.checkpoint_io import CheckpointError
-from omnivideo.models.h3.loader import H3LoadError, load_h3
+from omnivideo.models.h3.folder import H3LoadError
+from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.handles import H3Conditioning
 from omnivideo.pipelines.h3 import sample
 

@@ -11,8 +11,9 @@ from support.h3_tiny import keyframe_images, make_models, to_original_keys, writ
 from support.h3_tiny_qwen import LAYER, tiny_processor, tiny_qwen3vl
 
 from omnivideo import compat
+from omnivideo.models.h3.folder import H3LoadError
 from omnivideo.models.h3.geometry import H3Geometry, check_canvas, resolve_shape, snap_frames
-from omnivideo.models.h3.loader import H3LoadError, load_h3
+from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.h3.text import H3TextEncoder, encode_prompt, load_embedding, save_embedding
 
 CPU = torch.device("cpu")
@@ -180,7 +181,7 @@ def test_build_model_reads_the_state_dict_once(tiny, monkeypatch):
     """Shapes are computed once, not a fresh model.state_dict() per key (quadratic on 1000s of keys)."""
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from omnivideo.models.h3 import loader as h3_loader
+    from omnivideo.models.h3 import build as h3_build
 
     transformer = tiny[0]
     calls = []
@@ -193,10 +194,10 @@ def test_build_model_reads_the_state_dict_once(tiny, monkeypatch):
 
     sd = {k: v.clone() for k, v in transformer.state_dict().items()}
     monkeypatch.setattr(torch.nn.Module, "state_dict", counting)
-    model = h3_loader.build_component(MiniMaxH3Transformer3DModel, dict(transformer.config), sd, torch.float32, "tiny")
+    model = h3_build.build_component(MiniMaxH3Transformer3DModel, dict(transformer.config), sd, torch.float32, "tiny")
     assert len(calls) == 1 < len(sd)
     assert torch.equal(dict(model.named_parameters())["proj_in.weight"], transformer.proj_in.weight)
     key = "proj_in.weight"
     bad = {**sd, key: torch.zeros(3, 3)}
     with pytest.raises(H3LoadError, match=r"wrong shape \(1\): proj_in.weight \(3, 3\) \(expected \(\d+, \d+\)\)"):
-        h3_loader.build_component(MiniMaxH3Transformer3DModel, dict(transformer.config), bad, torch.float32, "tiny")
+        h3_build.build_component(MiniMaxH3Transformer3DModel, dict(transformer.config), bad, torch.float32, "tiny")

@@ -19,8 +19,9 @@ from support.h3_tiny import (
 )
 
 from omnivideo import compat
+from omnivideo.models.h3.folder import H3LoadError
 from omnivideo.models.h3.geometry import resolve_shape
-from omnivideo.models.h3.loader import H3LoadError, load_h3
+from omnivideo.models.h3.loader import load_h3
 from omnivideo.models.handles import H3Conditioning
 from omnivideo.pipelines.h3 import sample
 from omnivideo.pipelines.h3.denoise import denoise

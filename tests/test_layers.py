@@ -1,4 +1,4 @@
-"""The package's layers point down only, and only compat.py imports ComfyUI.
+"""The package's layers point down only, and only compat/ imports ComfyUI.
 
     nodes -> integration -> pipelines -> parallel -> models -> attention | kernels -> backends;  compat: a leaf anyone
     may use
@@ -83,7 +83,7 @@ def test_imports_point_down(path):
     for line, target, outside in _imports(path):
         if target is None:
             if outside in COMFYUI_MODULES and here_top != "compat":
-                wrong.append(f"line {line}: imports ComfyUI's {outside}; only compat.py may (use compat instead)")
+                wrong.append(f"line {line}: imports ComfyUI's {outside}; only compat/ may (use compat instead)")
             continue
         top, rank = _layer(target)
         if top == here_top or top == "compat" and here_top != "compat":

@@ -11,7 +11,7 @@ from support.comfy_probe import run_probe
 from omnivideo import compat
 from omnivideo.backends import resolve_weight_dtype
 from omnivideo.models.checkpoint_io import SCALED_FP8_MARKER, dequantize_scaled_fp8, store_weights
-from omnivideo.models.h3.loader import store_blocks_in
+from omnivideo.models.h3.build import store_blocks_in
 from omnivideo.models.omnidreams.dit import OmniDreamsConfig, OmniDreamsDiT
 from omnivideo.models.omnidreams.loader import fp8_candidate
 

@@ -34,8 +34,8 @@ def test_validate_inputs_keeps_comfyuis_own_checks(node_id, node):
     """ComfyUI skips its min/max and list checks for every input a validate_inputs names, for all inputs when it
     takes **kwargs, and reports a failure once per named input (the same message under each). So ours name one
     input at most besides combos (checked against their own list where ComfyUI does not: 0.3.64, and outside
-    ComfyUI, safe_paths.CORE_CHECKS_V3_COMBOS), never one with declared limits, and never take **kwargs."""
-    from omnivideo.integration import safe_paths
+    ComfyUI, input_checks.CORE_CHECKS_V3_COMBOS), never one with declared limits, and never take **kwargs."""
+    from omnivideo.nodes import input_checks
 
     if "validate_inputs" not in vars(node):
         return  # the base class's: ComfyUI treats it as absent
@@ -44,7 +44,7 @@ def test_validate_inputs_keeps_comfyuis_own_checks(node_id, node):
     combos = {
         i.id for i in node.define_schema().inputs if str(getattr(i, "io_type", None) or i.get_io_type()) == "COMBO"
     }
-    named = list(params) if safe_paths.CORE_CHECKS_V3_COMBOS else [p for p in params if p not in combos]
+    named = list(params) if input_checks.CORE_CHECKS_V3_COMBOS else [p for p in params if p not in combos]
     assert len(named) <= 1, f"{node_id}.validate_inputs names {list(params)}: one input at most besides combos"
     limited = {
         i.id

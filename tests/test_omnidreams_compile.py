@@ -25,27 +25,27 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def cross(model):
-    return model.cross_kv(torch.randn(1, 16, TINY.text_in_dim, generator=torch.Generator().manual_seed(3)))
+def text():
+    return torch.randn(1, 16, TINY.text_in_dim, generator=torch.Generator().manual_seed(3))
 
 
-def _chunks(model, cross, n, **kw):
-    run = pipe.Rollout(model, latent_hw=(H, W), seed=5, device=CPU, **kw)
+def _chunks(model, text, n, **kw):
+    run = pipe.Rollout(model, text=text, latent_hw=(H, W), seed=5, device=CPU, **kw)
     try:
-        return torch.cat([run.step(cross) for _ in range(n)], dim=2)
+        return torch.cat([run.step() for _ in range(n)], dim=2)
     finally:
         run.close()
 
 
-def test_a_block_traces_without_graph_breaks(model, cross, monkeypatch):
+def test_a_block_traces_without_graph_breaks(model, text, monkeypatch):
     calls = []
     block = model.blocks[3]
     real = block.forward
     monkeypatch.setattr(block, "forward", lambda *a: (calls.append(a), real(*a))[1])
-    run = pipe.Rollout(model, latent_hw=(H, W), seed=5, device=CPU)
+    run = pipe.Rollout(model, text=text, latent_hw=(H, W), seed=5, device=CPU)
     try:
         for _ in range(4):  # past the point where the window is full
-            run.step(cross)
+            run.step()
         monkeypatch.undo()
         with torch.no_grad():
             explained = torch._dynamo.explain(block)(*calls[-1])
@@ -55,11 +55,11 @@ def test_a_block_traces_without_graph_breaks(model, cross, monkeypatch):
     assert explained.graph_count == 1
 
 
-def test_compiled_blocks_share_a_graph_and_match_eager(model, cross):
+def test_compiled_blocks_share_a_graph_and_match_eager(model, text):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    eager = _chunks(model, cross, 5)
-    compiled = _chunks(model, cross, 5, compiled=True)
+    eager = _chunks(model, text, 5)
+    compiled = _chunks(model, text, 5, compiled=True)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert 1 <= graphs <= 2, graphs  # one graph for all 6 blocks; one recompile while the window fills
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)

@@ -108,7 +108,7 @@ def test_schedule_numbers():
 
 def test_attention_with_a_longer_cached_window_is_plain_softmax():
     from omnivideo.attention.config import AttentionConfig
-    from omnivideo.attention.layout import AttnLayout
+    from omnivideo.attention.rows import AttnRows
     from omnivideo.models.omnidreams.dit import bind_attention
 
     g = torch.Generator().manual_seed(0)
@@ -117,7 +117,7 @@ def test_attention_with_a_longer_cached_window_is_plain_softmax():
     ref = torch.einsum("bhqk,bkhd->bqhd", weights, v)
     for config in (None, AttentionConfig(backend="sdpa"), AttentionConfig(backend="rainfusion", sparsity=0.8)):
         attend_self, attend_cross = bind_attention(config, 1)[0]
-        out = attend_self(q, k, v, scale=1 / math.sqrt(32), layout=AttnLayout(0, (2, 2, 3)))
+        out = attend_self(q, k, v, scale=1 / math.sqrt(32), rows=AttnRows(0, (2, 2, 3)))
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)  # sparse backends go dense over a window
         torch.testing.assert_close(attend_cross(q, k, v, scale=1 / math.sqrt(32)), ref, rtol=1e-5, atol=1e-5)
 

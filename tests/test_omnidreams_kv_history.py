@@ -2,7 +2,8 @@
 the first N DiT blocks keep the sink and the current chunk only, the others the whole window. Checked on a tiny
 random-weight DiT against a reference written from the rule (every chunk's K/V kept, each block's visible latent
 frames picked by frame index), bit for bit; the uniform setting unchanged; the rule on the other blocks gives another
-video; per-block buffers of constant size; and a saved state resumes only with the setting it was saved with."""
+video; per-block buffers of constant size; and a saved state resumes only with the setting it was saved with. And the
+loader's kv_finalize (FlashDreams' skip_finalize_kv_cache; its rule call by call: test_omnidreams_sampler)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from support.omnidreams_tiny import TINY, stored_state_dict
 
+from omnivideo.models.handles import OmniDreamsConditioning
 from omnivideo.models.omnidreams.kv_cache import RollingKVCache, window_state_problem
 from omnivideo.models.omnidreams.loader import build_dit
 from omnivideo.nodes import omnidreams as nodes
@@ -167,34 +169,33 @@ def test_settings_are_checked_and_travel_to_parallel_workers():
     assert pipe.ARSettings(**{**sent, "denoise": tuple(sent["denoise"])}) == settings
 
 
-def _run(model, settings):
-    return pipe.Rollout(model, latent_hw=(H, W), seed=11, device=CPU, settings=settings)
+def _run(model, text, settings):
+    return pipe.Rollout(model, text=text, latent_hw=(H, W), seed=11, device=CPU, settings=settings)
 
 
 def test_mixed_state_resumes_bit_for_bit_and_only_with_its_setting(model, inputs):
     text, first, hdmap = inputs
-    cross = model.cross_kv(text)
     hd = lambda k: hdmap[:, :, 2 * k : 2 * k + 2]  # noqa: E731
     mixed = pipe.ARSettings(short_history_blocks=2)
-    whole = _run(model, mixed)
-    want = torch.cat([whole.step(cross, hd(k)) for k in range(5)], dim=2)
-    part = _run(model, mixed)
-    head = [part.step(cross, hd(k)) for k in range(4)]
+    whole = _run(model, text, mixed)
+    want = torch.cat([whole.step(hd(k)) for k in range(5)], dim=2)
+    part = _run(model, text, mixed)
+    head = [part.step(hd(k)) for k in range(4)]
     state = {k: v.clone() for k, v in part.state_dict().items()}
     assert [state[f"kv.k.{b}"].shape[1] // (2 * FRAME_TOKENS) for b in range(3)] == [1, 1, 3]
-    resumed = _run(model, mixed)
+    resumed = _run(model, text, mixed)
     resumed.load_state_dict(state)
-    assert torch.equal(torch.cat([*head, resumed.step(cross, hd(4))], dim=2), want)
+    assert torch.equal(torch.cat([*head, resumed.step(hd(4))], dim=2), want)
 
-    uniform = _run(model, pipe.ARSettings())
+    uniform = _run(model, text, pipe.ARSettings())
     for k in range(4):
-        uniform.step(cross, hd(k))
+        uniform.step(hd(k))
     with pytest.raises(ValueError, match=r"3 blocks of \[1, 12, 2, 32\] float32; .* need 3 blocks of \[1, 36, 2, 32\]"):
         uniform.load_state_dict(state)  # a mixed state, a uniform run
     with pytest.raises(ValueError, match=r"3 blocks of \[1, 36, 2, 32\] float32; .* need 3 blocks of \[1, 12, 2, 32\]"):
-        _run(model, mixed).load_state_dict(uniform.state_dict())
+        _run(model, text, mixed).load_state_dict(uniform.state_dict())
     with pytest.raises(ValueError, match=r"block 1 of \[1, 12, 2, 32\] float32; .* block 1 of \[1, 36, 2, 32\]"):
-        _run(model, pipe.ARSettings(short_history_blocks=1)).load_state_dict(state)  # 2 short blocks, 1 wanted
+        _run(model, text, pipe.ARSettings(short_history_blocks=1)).load_state_dict(state)  # 2 short blocks, 1 wanted
 
     # a stream state names its setting: the other one is refused from its metadata, before any tensor
     saved = state_metadata(11, (H, W), mixed)
@@ -223,3 +224,44 @@ def test_loader_option(comfy_folders):
         load("omnidreams_three.pt", "fp32", 4, 0, "mixed", 9)
     inputs = {i.id: i for i in nodes.OmniDreamsModelLoader.define_schema().inputs}
     assert list(inputs)[4:6] == ["kv_history", "short_history_blocks"]  # widgets after sink_frames
+
+
+def test_skip_finalize_resumes_bit_for_bit_and_only_with_its_setting(model, inputs):
+    """kv_finalize "skip" (2 DiT calls a chunk): k chunks, saved, then the rest equal one run; a state names the
+    mode, and a run in the other mode is refused from the metadata (a state saved before the option: the released
+    context write)."""
+    text, first, hdmap = inputs
+    hd = lambda k: hdmap[:, :, 2 * k : 2 * k + 2]  # noqa: E731
+    skip = pipe.ARSettings.for_kv_finalize("skip")
+    assert skip.denoise == (1000, 100) and pipe.ARSettings.for_kv_finalize("context_noise") == pipe.ARSettings()
+    whole = _run(model, text, skip)
+    want = torch.cat([whole.step(hd(k)) for k in range(5)], dim=2)
+    part = _run(model, text, skip)
+    head = [part.step(hd(k)) for k in range(3)]
+    resumed = _run(model, text, skip)
+    resumed.load_state_dict({k: v.clone() for k, v in part.state_dict().items()})
+    assert torch.equal(torch.cat([*head, resumed.step(hd(3)), resumed.step(hd(4))], dim=2), want)
+
+    saved = state_metadata(11, (H, W), skip)
+    with pytest.raises(ValueError, match=r"kv_finalize skip \(this run: context_noise\)"):
+        check_state(saved, state_metadata(11, (H, W), pipe.ARSettings()))
+    older = {k: v for k, v in state_metadata(11, (H, W), pipe.ARSettings()).items() if k != "kv_finalize"}
+    check_state(older, state_metadata(11, (H, W), pipe.ARSettings()))
+    with pytest.raises(ValueError, match="kv_finalize 'finalize' is not one of context_noise, skip"):
+        pipe.ARSettings.for_kv_finalize("finalize")
+
+
+def test_loader_kv_finalize_option(comfy_folders):
+    """The loader's kv_finalize reaches the rollout's settings; absent (a workflow saved before it): the released
+    context write. It is the loader's last widget, so older workflows' widget values keep their places."""
+    torch.save(stored_state_dict(THREE, seed=2), comfy_folders.models("diffusion_models") / "omnidreams_three.pt")
+    load = nodes.OmniDreamsModelLoader.execute
+    older = load("omnidreams_three.pt", "fp32", 4, 0)[0]
+    skip = load("omnidreams_three.pt", "fp32", 4, 0, kv_finalize="skip")[0]
+    cond = OmniDreamsConditioning(text=torch.zeros(1, 4, THREE.text_in_dim))
+    assert pipe.rollout_plan(older, cond, 64, 64)[1] == pipe.ARSettings(window_frames=4)
+    assert pipe.rollout_plan(skip, cond, 64, 64)[1] == pipe.ARSettings.for_kv_finalize("skip", window_frames=4)
+    with pytest.raises(ValueError, match="kv_finalize 'none' is not one of context_noise, skip"):
+        load("omnidreams_three.pt", "fp32", 4, 0, kv_finalize="none")
+    widgets = [i.id for i in nodes.OmniDreamsModelLoader.define_schema().inputs if i.id != "attention"]
+    assert widgets[-1] == "kv_finalize"

@@ -84,9 +84,9 @@ def encode(text: str) -> torch.Tensor:
     return torch.randn(1, 16, TINY.text_in_dim, generator=g)
 
 
-def conditioning(schedule=()) -> OmniDreamsConditioning:
+def conditioning(prompt_schedule=()) -> OmniDreamsConditioning:
     first = torch.randn(1, 16, 1, H, W, generator=torch.Generator().manual_seed(9))
-    return OmniDreamsConditioning(text=encode("a road"), first_frame=first, schedule=schedule)
+    return OmniDreamsConditioning(text=encode("a road"), first_frame=first, prompt_schedule=prompt_schedule)
 
 
 def roll(model, cond, *, chunks=4, script=None, hdmap=None, on_chunk=None) -> torch.Tensor:
@@ -270,9 +270,9 @@ def test_a_steered_session_makes_the_latents_of_the_equivalent_schedule(model, t
     assert [(e["chunk"], e["type"]) for e in live.events] == [
         (1, "prompt"), (1, "pause"), (1, "resume"), (3, "more"), (4, "stop"),
     ]  # fmt: skip
-    scheduled = roll(model, conditioning(schedule=((1, encode("rain starts")),)), chunks=4)
+    scheduled = roll(model, conditioning(prompt_schedule=((1, encode("rain starts")),)), chunks=4)
     assert torch.equal(steered, scheduled)
-    later = roll(model, conditioning(schedule=((2, encode("rain starts")),)), chunks=4)
+    later = roll(model, conditioning(prompt_schedule=((2, encode("rain starts")),)), chunks=4)
     assert not torch.equal(steered[:, :, 2:], later[:, :, 2:])  # a chunk later: other latents (control)
 
     path = str(tmp_path / "session.events.safetensors")

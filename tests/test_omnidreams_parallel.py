@@ -44,15 +44,15 @@ def _handle(tmp_path, config, world_size: int, seed: int = 1):
     )
 
 
-def _conditioning(config, schedule=False):
+def _conditioning(config, prompt_schedule=False):
     g = torch.Generator().manual_seed(3)
     text = torch.randn(1, 16, config.text_in_dim, generator=g)
-    later = ((2, torch.randn(1, 16, config.text_in_dim, generator=g)),) if schedule else ()
+    later = ((2, torch.randn(1, 16, config.text_in_dim, generator=g)),) if prompt_schedule else ()
     return OmniDreamsConditioning(
         text=text,
         first_frame=torch.randn(1, 16, 1, H, W, generator=g),
         hdmap=torch.randn(1, 16, 8, H, W, generator=g),
-        schedule=later,
+        prompt_schedule=later,
     )
 
 
@@ -62,7 +62,7 @@ def _sample(model, cond, frames=29, progress=None):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tiny_rollout_equals_single_process(tmp_path, world_size):
-    cond = _conditioning(TINY_4_HEADS, schedule=True)  # the prompt switches at chunk 2 on every rank
+    cond = _conditioning(TINY_4_HEADS, prompt_schedule=True)  # the prompt switches at chunk 2 on every rank
     single = _sample(_handle(tmp_path, TINY_4_HEADS, 1), cond)
     parallel = _sample(_handle(tmp_path, TINY_4_HEADS, world_size), cond)
     assert pool_mod.current_pool().size == world_size

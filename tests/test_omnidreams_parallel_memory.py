@@ -67,7 +67,7 @@ def test_a_worker_holds_one_omnidreams_model_at_a_time(tmp_path):
         )
         pool = pipe.ensure_workers(model)
         resident.append(_rss(pool.pids[0]))
-        assert [k for k in pool.models if k.startswith(pipe.FAMILY)] == [pipe.model_key(model)]
+        assert [k for k in pool.models if k.startswith(pipe.KEY_PREFIX)] == [pipe.model_key(model)]
     # fp32 weights stay mapped from the file (pages read as used); bf16 and fp16 are copies: holding both would add
     # two of them to what the worker had with the first model, the fp16 one replaces the bf16 one
     assert resident[2] - resident[0] < 1.5 * half_bytes, [r / 2**20 for r in resident]
@@ -89,7 +89,7 @@ def test_prompts_are_sent_when_they_switch_in(tmp_path, monkeypatch, dtype):
         text=a,
         first_frame=torch.randn(1, 16, 1, H, W, generator=g),
         hdmap=torch.randn(1, 16, 12, H, W, generator=g),
-        schedule=((1, b), (2, b), (3, a), (5, c)),  # b twice (one prompt), then a again, then c
+        prompt_schedule=((1, b), (2, b), (3, a), (5, c)),  # b twice (one prompt), then a again, then c
     )
     path = _checkpoint(tmp_path, TINY_4_HEADS)
     single = _sample(_handle(path, TINY_4_HEADS, dtype, 1), cond, frames=45)

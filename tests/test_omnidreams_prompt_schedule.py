@@ -1,4 +1,4 @@
-"""The prompt schedule (pipelines/omnidreams/prompts.py): its text parsed and refused clearly; its memory: each
+"""The prompt schedule (pipelines/omnidreams/prompt_schedule.py): its text parsed and refused clearly; its memory: each
 distinct prompt is encoded once and shared by the entries that repeat it, the distinct prompts' embeddings are bounded
 in bytes before anything is encoded, and the peak memory of a 256-entry schedule (node and sampler, in a fresh
 process) stays near a one-entry schedule's. Its switches inside a rollout: test_omnidreams_resume."""
@@ -65,8 +65,8 @@ def test_identical_prompts_are_encoded_once_and_shared(encoder, monkeypatch):
     schedule = "0: a car\n4: night\n8:  a car \n12: night, 16: street"
     out = nodes.OmniDreamsPromptSchedule.execute(cond, encoder, schedule)[0]
     assert prompts == ["a car", "night", "street"]  # after strip, in the order they first appear
-    assert [k for k, _ in out.schedule] == [4, 8, 12, 16]
-    (_, night), (_, car), (_, night_again), (_, street) = out.schedule
+    assert [k for k, _ in out.prompt_schedule] == [4, 8, 12, 16]
+    (_, night), (_, car), (_, night_again), (_, street) = out.prompt_schedule
     assert car is out.text and night_again is night  # one tensor per prompt, also shared with chunk 0's text
     assert torch.equal(night, real(encoder, "night")) and torch.equal(street, real(encoder, "street"))
     assert te.embedding_bytes(encoder) == out.text.nbytes  # the size the byte bound counts, known before encoding
@@ -96,7 +96,7 @@ def test_too_many_distinct_prompts_are_refused_before_encoding(monkeypatch):
 
     schedule = ", ".join(f"{k}: prompt {k % 20}" for k in range(256))  # 20 fit
     out = nodes.OmniDreamsPromptSchedule.execute(cond, encoder, schedule)[0]
-    assert len(prompts) == 20 and len({id(t) for _, t in out.schedule}) == 20
+    assert len(prompts) == 20 and len({id(t) for _, t in out.prompt_schedule}) == 20
 
 
 CHILD = """
@@ -160,7 +160,7 @@ def test_long_schedule_peak_memory_stays_near_one_entry(tmp_path):
     one = _peak(folder, "0: a car")
     # 256 entries, the prompt switching at every chunk of the rollout: two distinct prompts
     prompts = ("night", "a car drives")
-    long = _peak(folder, ", ".join(f"{k}: {prompts[k % 2]}" for k in range(pipe.MAX_SCHEDULE_ENTRIES)))
+    long = _peak(folder, ", ".join(f"{k}: {prompts[k % 2]}" for k in range(pipe.MAX_PROMPT_SCHEDULE_ENTRIES)))
     embedding = one["embedding"]
     assert embedding == 512 * WIDE_HIDDEN * WIDE_LAYERS * 4
     assert one["chunks"] == long["chunks"] == 6 and one["finite"] and long["finite"]

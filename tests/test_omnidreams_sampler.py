@@ -432,15 +432,18 @@ def _warp(s):
     return 5 * s / (1 + 4 * s)
 
 
-def _spec_replay(num_chunks, first_frame, hd, seed):
-    """The spec's per-chunk pseudo-code, literally: returns (emitted latent, the DiT calls it makes)."""
+def _spec_replay(num_chunks, first_frame, hd, seed, kv_finalize="context_noise"):
+    """The spec's per-chunk pseudo-code, literally: returns (emitted latent, the DiT calls it makes). kv_finalize
+    "skip": FlashDreams' skip_finalize_kv_cache as its code reads (timesteps [1000, 100]; the context noise still
+    drawn, no context call)."""
     g = torch.Generator("cpu").manual_seed(seed)
     shape = (1, 16, 2, H, W)
     inject = torch.zeros(1, 1, 2, H, W)
     inject[:, :, 0] = 1
     image = torch.zeros(shape)
     image[:, :, :1] = first_frame
-    sigma2, sigma_ctx = _warp(0.45), _warp(0.029)  # table index 550 (t 450) and 971 (t 128 snapped)
+    sigma_ctx = _warp(0.029)  # table index 971 (t 128 snapped)
+    sigma2 = _warp(0.45) if kv_finalize == "context_noise" else _warp(0.1)  # table index 550 (t 450) / 900 (t 100)
     calls, emitted = [], []
     for k in range(num_chunks):
         pin = k == 0
@@ -461,12 +464,13 @@ def _spec_replay(num_chunks, first_frame, hd, seed):
         xc = (1 - sigma_ctx) * x0 + sigma_ctx * torch.randn(shape, generator=g)  # draw 3
         if pin:
             xc = xc * (1 - inject) + image * inject  # before the K/V write
-        F(xc, 128.0)  # call 3: output discarded
+        if kv_finalize == "context_noise":
+            F(xc, 128.0)  # call 3: output discarded
         emitted.append(x0)
     return torch.cat(emitted, 2), calls
 
 
-def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42):
+def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42, kv_finalize="context_noise"):
     """Mismatches between pipe.rollout (with the stub DiT) and the spec replay; [] = identical."""
     hd = torch.randn(1, 16, 2 * num_chunks + 2, H, W, generator=torch.Generator().manual_seed(10))  # 2 spare
     stub = _StubDiT()
@@ -480,13 +484,15 @@ def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42):
         first_frame=first_frame,
         hdmap=hd,
         device=CPU,
+        settings=pipe.ARSettings.for_kv_finalize(kv_finalize),
     )
-    want, ref_calls = _spec_replay(num_chunks, first_frame, hd, seed)
+    want, ref_calls = _spec_replay(num_chunks, first_frame, hd, seed, kv_finalize)
+    calls_per_chunk = len(ref_calls) // num_chunks
     problems = []
     if len(stub.calls) != len(ref_calls):
         return [f"{len(stub.calls)} DiT calls, the spec makes {len(ref_calls)}"]
     for i, (got, ref) in enumerate(zip(stub.calls, ref_calls)):
-        chunk, call = divmod(i, 3)
+        chunk, call = divmod(i, calls_per_chunk)
         where = f"chunk {chunk} call {call + 1}"
         if not torch.allclose(got["x"], ref["x"], rtol=0, atol=1e-6):
             problems.append(f"{where}: x differs by {float((got['x'] - ref['x']).abs().max()):.3g}")
@@ -508,10 +514,40 @@ def _rollout_vs_spec_replay(first_frame, monkeypatch, num_chunks=4, seed=42):
     return problems
 
 
-def test_rollout_replays_the_spec_pseudo_code_call_by_call(first_frame, monkeypatch):
+@pytest.mark.parametrize("kv_finalize", ["context_noise", "skip"])
+def test_rollout_replays_the_spec_pseudo_code_call_by_call(first_frame, monkeypatch, kv_finalize):
     """Every DiT call (x, timestep, condition mask, time offset, HD-map slice) and the emitted latent
-    equal a literal replay of the spec's per-chunk pseudo-code with the same stub network."""
-    assert _rollout_vs_spec_replay(first_frame, monkeypatch) == []
+    equal a literal replay of the spec's per-chunk pseudo-code with the same stub network; with kv_finalize "skip"
+    the replay of FlashDreams' skip_finalize_kv_cache (2 calls a chunk)."""
+    assert _rollout_vs_spec_replay(first_frame, monkeypatch, kv_finalize=kv_finalize) == []
+
+
+def test_skip_finalize_keeps_the_last_denoising_calls_kv_and_the_clean_frame0(model, text, first_frame, monkeypatch):
+    """With kv_finalize "skip" chunk 0's slot holds the K/V of its last denoising call, whose input has the clean
+    first frame at frame 0 (FlashDreams pins every call); and the video differs from the three-call schedule's."""
+    settings = pipe.ARSettings.for_kv_finalize("skip")
+    cached = {}
+
+    def observe(k, cache):
+        if k == 0:
+            cached.update({b: tuple(t.clone() for t in cache.slot_kv(b, 0)) for b in range(TINY.num_blocks)})
+
+    observe_cache(monkeypatch, observe)
+    skipped = _rollout(model, text, first_frame, settings=settings)
+    # chunk 0 again from its first two draws: the input of its last denoising call, frame 0 pinned
+    sched, gen = pipe.released_schedule(settings.denoise), torch.Generator("cpu").manual_seed(42)
+    mask = torch.zeros(1, 1, 2, H, W)
+    mask[:, :, 0] = 1
+    image = torch.cat([first_frame, torch.zeros_like(first_frame)], dim=2)
+    pin = lambda x: x * (1 - mask) + image * mask  # noqa: E731
+    x = pin(torch.randn(1, 16, 2, H, W, generator=gen))
+    x0 = x - sched.sigmas[0] * model(x, sched.timesteps[0], model.cross_kv(text), cond_mask=mask, t_offset=0)
+    x = pin((1 - sched.sigmas[1]) * x0 + sched.sigmas[1] * torch.randn(1, 16, 2, H, W, generator=gen))
+    rec = _Recorder()
+    model(x, sched.timesteps[1], model.cross_kv(text), cond_mask=mask, t_offset=0, kv_cache=rec)
+    diffs = [float((c - r).abs().max()) for b in range(TINY.num_blocks) for c, r in zip(cached[b], rec.kv[b])]
+    assert max(diffs) < 1e-5, f"the slot is not the last denoising call's K/V: max |diff| per tensor {diffs}"
+    assert not torch.equal(skipped, _rollout(model, text, first_frame))
 
 
 def test_spec_replay_catches_the_missing_context_reinjection(first_frame, monkeypatch):

@@ -152,9 +152,11 @@ def test_prompt_schedule_node_encodes_each_prompt_once(encoder):
     node = OmniDreamsPromptSchedule
     out = node.execute(cond, encoder, "0: a car drives, down the road\n40: night")[0]
     assert torch.equal(out.text, te.encode_prompt(encoder, "a car drives, down the road"))
-    assert [k for k, _ in out.schedule] == [40] and torch.equal(out.schedule[0][1], te.encode_prompt(encoder, "night"))
+    assert [k for k, _ in out.prompt_schedule] == [40] and torch.equal(
+        out.prompt_schedule[0][1], te.encode_prompt(encoder, "night")
+    )
     assert out.first_frame is first  # the rest of the conditioning is kept
     later = node.execute(cond, encoder, "8: night")[0]  # no entry for chunk 0: the connected prompt holds until 8
-    assert later.text is cond.text and [k for k, _ in later.schedule] == [8]
+    assert later.text is cond.text and [k for k, _ in later.prompt_schedule] == [8]
     assert "must start with a chunk index" in node.validate_inputs(schedule="night")
     assert node.validate_inputs(schedule="0: a, 3: b") is True

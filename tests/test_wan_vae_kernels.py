@@ -1,4 +1,4 @@
-"""The fused Wan VAE data-movement ops (torch_fused, triton) against diffusers' operation order.
+"""The fused Wan VAE data-movement ops (torch, triton) against diffusers' operation order.
 
 Every comparison is bit-exact: torch.equal AND identical strides (cuDNN must see the same
 tensor). Triton runs through the interpreter on CPU (conftest sets TRITON_INTERPRET=1), so
@@ -118,16 +118,18 @@ def test_no_padding_returns_x(impl):
 
 def test_keep_cache_follows_diffusers_chunk_loop(impl):
     """Feed chunks like the decode loop does; cache and padded input track diffusers' own code."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import CACHE_T
+
     pad = PADS["3x3x3"]
     want_cache = got_cache = None
     for i, t in enumerate([1, 1, 2, 4, 1]):
         x = _rand((1, 3, t, 4, 4), layout="cl", seed=10 + i)
         # diffusers WanResidualBlock / WanDecoder3d, verbatim
-        cache_x = x[:, :, -ref.CACHE_T :, :, :].clone()
+        cache_x = x[:, :, -CACHE_T:, :, :].clone()
         if cache_x.shape[2] < 2 and want_cache is not None:
             cache_x = torch.cat([want_cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
         want_p, _ = ref.cat_pad_5d(x, want_cache, pad, 0)
-        got_p, new = impl.cat_pad_5d(x, got_cache, pad, ref.CACHE_T)
+        got_p, new = impl.cat_pad_5d(x, got_cache, pad, CACHE_T)
         _same(got_p, want_p)
         _same(new, cache_x)
         want_cache, got_cache = cache_x, new

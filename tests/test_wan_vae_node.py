@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from omnivideo.backends import resolve
-from omnivideo.models.wan_vae.fused import fused_decode, wan_version
+from omnivideo.models.wan_vae.core_vae import wan_version
+from omnivideo.models.wan_vae.fused import fused_decode
 from omnivideo.nodes import node_classes
 from omnivideo.pipelines.wan_decode import select_fusion
 
@@ -97,14 +98,14 @@ def test_wan_version_by_module():
     assert wan_version(_wan("2.2").first_stage_model) == "2.2"
     assert wan_version(_comfy_class("Decoder3d", "comfy.ldm.wan.vae")()) is None
     with pytest.raises(TypeError, match="not ComfyUI's Wan VAE"):
-        with fused_decode(torch.nn.Linear(1, 1), "reference"):
+        with fused_decode(torch.nn.Linear(1, 1), "off"):
             pass
 
 
 def test_select_fusion_maps_node_choices():
-    assert select_fusion("off") == ("reference", None)
+    assert select_fusion("off") == ("off", None)
     name, ops = select_fusion("torch")
-    assert name == "torch_fused" and callable(ops.cat_pad_5d) and callable(ops.dup_up3d_add)
+    assert name == "torch" and callable(ops.cat_pad_5d) and callable(ops.dup_up3d_add)
     assert select_fusion("auto")[0] == resolve("wan_vae", "auto").name
     with pytest.raises(ValueError, match="fusion must be one of"):
         select_fusion("fast")

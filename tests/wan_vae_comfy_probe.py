@@ -37,13 +37,12 @@ from support.wan_vae_fixtures import COMFY_FULL, random_wan_state_dict  # noqa: 
 
 import nodes as comfy_nodes  # noqa: E402  (ComfyUI's nodes.py: core VAEDecode)
 from omnivideo.kernels import wan_vae_torch, wan_vae_triton  # noqa: E402
-from omnivideo.models.wan_vae import fused  # noqa: E402
+from omnivideo.models.wan_vae import core_vae, fast_forwards  # noqa: E402
 from omnivideo.models.wan_vae.fused import patched_modules  # noqa: E402
 from omnivideo.nodes.wan_vae_decode import OmniVideoWanVAEDecode  # noqa: E402
 from omnivideo.pipelines.wan_decode import select_fusion  # noqa: E402
 
 torch.backends.cudnn.benchmark = False
-LEVELS = {"off": "reference", "torch": "torch_fused", "triton": "triton"}
 TINY = {"2.1": dict(dim=8, z_dim=4), "2.2": dict(dim=8, dec_dim=8, z_dim=8)}
 SLIM = {"2.1": dict(dim=2, z_dim=4), "2.2": dict(dim=2, dec_dim=2, z_dim=8)}  # for the Triton interpreter
 MODULES = {"2.1": wan21, "2.2": wan22}
@@ -58,7 +57,7 @@ class Counting:
         for mod in (wan_vae_torch, wan_vae_triton):
             for op in ("cat_pad_5d", "dup_up3d_add"):
                 self._wrap(mod, op)
-        self._wrap(fused, "_norm_silu")
+        self._wrap(fast_forwards, "_norm_silu")
 
     def _wrap(self, mod, op):
         key = f"{mod.__name__.rsplit('.', 1)[1]}.{op}"
@@ -109,7 +108,7 @@ def compare(vae, z, levels, core=None):
     core = core_decode(vae, z) if core is None else core
     model = vae.first_stage_model
     # ComfyUI's 2026 2.1 decoder (2-frame pieces) leaves no data movement to cat_pad_5d
-    out = {"shape": list(core.shape), "levels": {}, "pieces": fused.pieces_layout(model.decoder)}
+    out = {"shape": list(core.shape), "levels": {}, "pieces": core_vae.decodes_in_pieces(model.decoder)}
     for fusion in levels:
         before = COUNT.snapshot()
         got = ours(vae, z, fusion)
@@ -159,7 +158,10 @@ def structure(vae, z) -> dict:
         "progress": steps,
         "latent_frames": z.shape[0] * z.shape[2],
         "expected_progress": list(
-            itertools.accumulate(z.shape[0] * (b - a) for a, b in fused._latent_calls(model, z.shape[2]))
+            itertools.accumulate(
+                z.shape[0] * (b - a)
+                for a, b in core_vae.decoder_calls(z.shape[2], core_vae.decodes_in_pieces(model.decoder))
+            )
         ),
     }
     # core VAE Decode of the same VAE object right after ours: core's forwards (no fused op call), same pixels

@@ -4,7 +4,7 @@ diffusers' `MiniMaxH3AttnProcessor` sees only q/k/v; sparse and packed backends 
 need where the video sits in the packed sequence. `h3_attention(...)` installs one
 processor per attention layer (refiner and blocks, each knowing its layer index) with
 `set_attn_processor`, and a forward pre-hook that checks the forward's own row tensors
-against the sampler's layout and stashes the per-call metadata (`AttnLayout`: dense
+against the sampler's layout and stashes what the rows of the block calls are (its `attn_rows()`: dense
 prefix = rows before the target video, patch grid (t, h, w), `[real | pad]` lengths).
 Every call then goes through the pack's one attention function, `attention.dispatch.attention`
 (backend choice, RainFusion gating by step/layer/size, realized-sparsity stats live there).
@@ -12,7 +12,7 @@ Every call then goes through the pack's one attention function, `attention.dispa
 Sequence parallel (Ulysses, `shard.size` > 1): diffusers' `_cp_plan` for this model splits the packed sequence at the
 first block (and the per-row `rope` / AdaLN / `norm_out` indices with it) and gathers it back after the two output
 heads, so each rank runs the blocks on its rows. Around each block's attention the processor trades rows for heads
-with one all-to-all (q, k, v stacked), attends over the full sequence with its heads (the `AttnLayout`, padding
+with one all-to-all (q, k, v stacked), attends over the full sequence with its heads (the `AttnRows`, padding
 included, is the full sequence's), and trades back. The text refiner runs before the split, unsharded.
 """
 
@@ -30,8 +30,8 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnPr
 
 from ...attention.config import AttentionConfig, normalize_config
 from ...attention.dispatch import AttentionStats, attention
-from ...attention.layout import AttnLayout
 from ...attention.registrations import packed_names
+from ...attention.rows import AttnRows
 from ...attention.sequence_parallel import SINGLE, SequenceShard
 
 log = logging.getLogger("omnivideo")
@@ -52,7 +52,7 @@ class H3AttentionState:
     config: AttentionConfig
     shard: SequenceShard = SINGLE  # this rank's place in a sequence-parallel group
     expected: Any = None  # the sampler's H3Layout for the coming forwards
-    block_layout: AttnLayout | None = None  # stashed by the pre-hook for block calls
+    block_rows: AttnRows | None = None  # stashed by the pre-hook for block calls
     step: int = 0
     stats: AttentionStats = field(default_factory=AttentionStats)
     refiner_config: AttentionConfig = field(init=False)
@@ -86,11 +86,11 @@ class OmniVideoH3AttnProcessor(MiniMaxH3AttnProcessor):
 
         seq_len = query.shape[1]
         # Refiner: text only, no video, no padding -> all rows are dense prefix.
-        layout = self.state.block_layout if self.kind == "block" else AttnLayout(prefix_len=seq_len)
-        if layout is None:
-            raise RuntimeError("OmniVideo H3 attention: no layout stashed; run the transformer inside h3_attention().")
+        rows = self.state.block_rows if self.kind == "block" else AttnRows(prefix_len=seq_len)
+        if rows is None:
+            raise RuntimeError("OmniVideo H3 attention: no rows stashed; run the transformer inside h3_attention().")
         if self.kind == "refiner":
-            out = attention(query, key, value, self.state.refiner_config, scale=query.shape[-1] ** -0.5, layout=layout)
+            out = attention(query, key, value, self.state.refiner_config, scale=query.shape[-1] ** -0.5, rows=rows)
         else:
             shard = self.state.shard
             if shard.size > 1:  # this rank's rows, all heads -> all rows, this rank's heads (one all-to-all)
@@ -103,7 +103,7 @@ class OmniVideoH3AttnProcessor(MiniMaxH3AttnProcessor):
                 value,
                 self.state.config,
                 scale=query.shape[-1] ** -0.5,
-                layout=layout,
+                rows=rows,
                 step=self.state.step,
                 layer=self.layer,
                 stats=self.state.stats,
@@ -125,11 +125,7 @@ def _check_and_stash(state: H3AttentionState):
                 f"OmniVideo H3 attention: forward has {total} rows / {n_text} text rows but the layout says "
                 f"{plan.total_len} / {plan.num_text}; rebuild the layout for this request."
             )
-        state.block_layout = AttnLayout(
-            prefix_len=plan.video_start,
-            grid=tuple(plan.grid),
-            kv_lengths=(plan.real_len,) if plan.total_len > plan.real_len else None,
-        )
+        state.block_rows = plan.attn_rows()
         return None
 
     return hook

@@ -17,7 +17,7 @@ from torch import nn
 
 from ...attention.config import normalize_config
 from ...attention.dispatch import bind
-from ...attention.layout import AttnLayout
+from ...attention.rows import AttnRows
 from ...attention.sequence_parallel import SINGLE, SequenceShard
 
 
@@ -65,9 +65,9 @@ class OmniDreamsConfig:
 
 def bind_attention(attention_config, num_layers: int) -> list[tuple]:
     """Per block, its (self-attention, cross-attention) calls, resolved through the registry before the blocks run
-    (a compiled block holds only the kernel call): `fn(q [B,Sq,H,D], k/v [B,Sk,H,D], *, scale, layout)` ->
+    (a compiled block holds only the kernel call): `fn(q [B,Sq,H,D], k/v [B,Sk,H,D], *, scale, rows)` ->
     [B,Sq,H,D], no mask. Self-attention follows the OMNIVIDEO_ATTENTION config (None = the fastest exact backend)
-    and gets the chunk's (t, h, w) token grid, the video layout a sparse backend needs (with cached history,
+    and gets the chunk's (t, h, w) token grid, the video rows a sparse backend needs (with cached history,
     Sk > Sq, such backends fall back to dense by themselves); a sparse config also learns the layer (its
     skip_layers). Cross-attention over the 512 text tokens is always dense. Dense calls are the same function
     for every block."""
@@ -232,7 +232,7 @@ class Block(nn.Module):
         if window is not None:  # K/V enter the cache after RoPE; attend over the visible window
             k, v = window.update(k, v)
         attend_self, attend_cross = attend
-        out = shard.to_tokens(attend_self(q, k, v, scale=1.0 / math.sqrt(attn.head_dim), layout=AttnLayout(0, grid)))
+        out = shard.to_tokens(attend_self(q, k, v, scale=1.0 / math.sqrt(attn.head_dim), rows=AttnRows(0, grid)))
         x = x + gate * attn.output_proj(out.flatten(2))
 
         shift, scale, gate = (self.adaln_modulation_cross_attn(emb) + lora).chunk(3, dim=-1)

@@ -5,7 +5,7 @@ the latents / frames equal one encode / decode of the whole video (ComfyUI's own
 The caches are the state a resumed rollout needs: `state_dict` / `load_state_dict` keep them as tensors, and
 `saved_problem` / `state_problem` check a saved one from its file header (shapes, dtypes) before it is loaded.
 
-ComfyUI's 2026 2.1 modules (see fused.py) group frames differently, and the stream follows them: the decoder takes
+ComfyUI's 2026 2.1 modules group frames differently (core_vae.py), and the stream follows them: the decoder takes
 latent frame 0 alone and then pairs (1, 2), (3, 4), ..., so a chunk's last latent frame waits for the next chunk
 (`flush` decodes it alone at the end, as the whole decode does with a last odd frame); the encoder takes pixel
 frame 0 and then pairs, and its temporal downsamples hold single frames back until a `final` call.
@@ -20,10 +20,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .fused import comfy_class, pieces_layout, unknown_shapes, wan_version
+from .core_vae import (
+    CACHE_T,
+    REP,
+    causal_convs,
+    comfy_class,
+    decoder_calls,
+    decodes_in_pieces,
+    holds_back_one,
+    pixel_frames_per_latent,
+    unknown_shapes,
+    wan_version,
+)
 
-REP = "Rep"  # what ComfyUI's Resample stores in a cache slot before its first real frame
-CACHE_T = 2  # frames a causal conv's cache slot keeps (ComfyUI's CACHE_T)
 MAX_SAVED_SLOTS = 512  # slot numbers a saved cache may name (ComfyUI's Wan VAE: a few dozen)
 _SLOT = re.compile(r"0|[1-9][0-9]{0,5}")
 
@@ -59,10 +68,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _causal_convs(module: nn.Module) -> int:
-    return sum(1 for m in module.modules() if comfy_class(m) == "CausalConv3d")
-
-
 class _Stream:
     EXTRA_FRAMES: dict[str, tuple[int, int]] = {}  # tensors besides the slots: name -> (fewest, most) frames
     PREFIX = ""  # the key prefix of this cache in a stream state
@@ -75,11 +80,11 @@ class _Stream:
         if (problem := unknown_shapes(model, 5)) is not None:
             raise TypeError(f"streaming needs the Wan 2.1 VAE (wan_2.1_vae.safetensors); this one has {problem}")
         self.model: Any = model  # ComfyUI's WanVAE: encoder / decoder / conv1 / conv2
-        self.pieces = pieces_layout(model.get_submodule("decoder"))
+        self.pieces = decodes_in_pieces(model.get_submodule("decoder"))
         # one slot per causal conv of the decoder (the 2025 ComfyUI sizes the encoder's cache so too), and for the
         # 2026 encoder two per temporal downsample (its cache and the frame it holds back)
         downsamples = sum(1 for m in model.modules() if comfy_class(m) == "Resample" and m.mode == "downsample3d")
-        self.cache: list = [None] * (_causal_convs(model.get_submodule("decoder")) + 2 * downsamples * self.pieces)
+        self.cache: list = [None] * (causal_convs(model.get_submodule("decoder")) + 2 * downsamples * self.pieces)
         self.frames = 0  # input frames taken so far
 
     def state_dict(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -198,13 +203,9 @@ class StreamDecoder(_Stream):
         x = self.model.conv2(z)
         first = self.frames == 0
         self.frames += z.shape[2]
-        if not self.pieces:
-            return torch.cat([piece for i in range(x.shape[2]) for piece in self._call(x[:, :, i : i + 1])], 2)
         if self.held is not None:
             x = torch.cat([self.held, x], 2)
-        calls = [(0, 1)] if first else []
-        start = 1 if first else 0
-        calls += [(s, s + 2) for s in range(start, x.shape[2] - 1, 2)]
+        calls = decoder_calls(x.shape[2], self.pieces, first, whole=False)
         rest = calls[-1][1] if calls else 0
         # nothing is held while the calls run: a cancel between them leaves caches that no frame continues from
         self.held = None
@@ -253,7 +254,7 @@ class StreamDecoder(_Stream):
         self, entries: Entries, read: Callable[[str], torch.Tensor], latent_hw: tuple[int, int], dtype: torch.dtype
     ) -> str | None:
         frames = int(read("frames"))
-        held = self.pieces and frames > 0 and frames % 2 == 0  # frame 0 alone, then pairs: an even count holds one
+        held = holds_back_one(frames, self.pieces)  # `frames` is the saved file's count: checked in O(1)
         if ("held" in entries) != held:
             return f"its decode cache {'lacks' if held else 'has'} a held-back latent frame after {frames} frames"
         return super().state_problem(entries, read, latent_hw, dtype)
@@ -262,7 +263,7 @@ class StreamDecoder(_Stream):
         held = state.get(f"{prefix}.held")
         super().load_state_dict({k: v for k, v in state.items() if k != f"{prefix}.held"}, prefix, device)
         self.held = None if held is None else held.to(device)
-        self.skip = 0 if held is None else 2 ** sum(bool(u) for u in self.model.temperal_upsample)
+        self.skip = 0 if held is None else pixel_frames_per_latent(self.model)
 
 
 class StreamEncoder(_Stream):

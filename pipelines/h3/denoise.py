@@ -155,7 +155,7 @@ def denoise(
     )
     audio = torch.cat([*(r.float() for r in reference_audio), audio_noise]).to(device)  # reference soundtracks first
     n_cond, n_cond_audio = layout.num_condition_video_rows, layout.num_condition_audio_rows
-    if latents.shape[0] - n_cond != layout.grid[0] * layout.grid[1] * layout.grid[2]:
+    if latents.shape[0] - n_cond != layout.rows_of("video"):
         raise ValueError(
             "keyframe / reference latents do not match the canvas; re-run OmniVideo H3 Keyframes or References at "
             "this size."

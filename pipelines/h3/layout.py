@@ -4,8 +4,9 @@ Positions, tags and row indices come from diffusers' own public builders
 (`MiniMaxH3PrepareLayoutStep.build_packed_sequence`, for ref2va
 `MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence`,
 `MiniMaxH3SetTimestepsStep.build_row_timesteps`), so the layout is the reference's by
-construction. What is ours: the attention metadata (video start, patch grid, text
-length) and the optional `[real | pad]` padding for packed varlen backends.
+construction. What is ours: its segment table `(start, stop, kind)` in core's vocabulary (`PackedLayout.segments`,
+comfy/ldm/minimax/model.py), the counts and attention rows read from it, and the optional `[real | pad]` padding for
+packed varlen backends.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
     MINIMAX_H3_VIDEO_TAG,
 )
 
+from ...attention.rows import AttnRows
 from ...models.h3.geometry import AUDIO_CHANNELS, H3Geometry, H3Shape
 
 KEYFRAME_T = 0.999  # MiniMaxH3ModularPipeline.keyframe_noise_aug: anchors are held just short of clean
@@ -62,19 +64,58 @@ class ReferenceBlocks(NamedTuple):
 
 @dataclass
 class H3Layout:
+    """One request's packed sequence: its segments in row order, the target video's patch grid and the row tensors
+    diffusers' transformer reads. Segment kinds are core's: text, cond / cond_audio (fl2va keyframe rows), ref_img /
+    ref_audio (ref2va reference rows), audio and video (the generated streams, always the last two before the
+    padding), and ours, pad (the `[real | pad]` suffix)."""
+
     shape: H3Shape
+    segments: tuple[tuple[int, int, str], ...]  # (start, stop, kind), contiguous from row 0
+    grid: tuple[int, int, int]  # target video patch grid (t, h, w)
     position_ids: torch.Tensor  # [S_total, 3]
     token_tags: torch.Tensor  # [S_total]
-    video_indices: torch.Tensor  # keyframe rows first, then the target video
-    audio_indices: torch.Tensor
+    video_indices: torch.Tensor  # keyframe / reference rows first, then the target video
+    audio_indices: torch.Tensor  # reference soundtrack rows first, then the target audio
     text_indices: torch.Tensor
-    num_condition_video_rows: int
-    num_text: int
-    video_start: int  # first row of the target video = the dense prefix length for sparse attention
-    grid: tuple[int, int, int]  # target video patch grid (t, h, w)
-    real_len: int  # rows holding data
-    total_len: int  # rows including the padding suffix (== real_len when unpadded)
-    num_condition_audio_rows: int = 0  # ref2va: the reference soundtracks' rows, first among the audio rows
+
+    def rows_of(self, *kinds: str) -> int:
+        """How many rows the segments of these kinds hold."""
+        return sum(stop - start for start, stop, kind in self.segments if kind in kinds)
+
+    @property
+    def num_text(self) -> int:
+        return self.rows_of("text")
+
+    @property
+    def num_condition_video_rows(self) -> int:
+        return self.rows_of("cond", "ref_img")
+
+    @property
+    def num_condition_audio_rows(self) -> int:
+        return self.rows_of("cond_audio", "ref_audio")
+
+    @property
+    def video_start(self) -> int:
+        """First row of the target video = the dense prefix for sparse attention."""
+        return next(start for start, _, kind in self.segments if kind == "video")
+
+    @property
+    def real_len(self) -> int:
+        """Rows holding data."""
+        return self.total_len - self.rows_of("pad")
+
+    @property
+    def total_len(self) -> int:
+        """Rows including the padding suffix (== real_len when unpadded)."""
+        return self.segments[-1][1]
+
+    def attn_rows(self) -> AttnRows:
+        """What the rows of a block's self-attention are: `[prefix | video grid]`, `[real | pad]` when padded."""
+        return AttnRows(
+            prefix_len=self.video_start,
+            grid=self.grid,
+            kv_lengths=(self.real_len,) if self.total_len > self.real_len else None,
+        )
 
     def forward_kwargs(self) -> dict:
         return {
@@ -130,32 +171,33 @@ def build_layout(
         )
     position_ids, token_tags, video_idx, audio_idx, text_idx, n_cond, n_cond_audio = packed
     _, ph, pw = geo.patch_size
-    num_text = int(text_idx.numel())
     real_len = int(position_ids.shape[0])
     grid = (shape.num_latent_frames // geo.patch_size[0], shape.latent_height // ph, shape.latent_width // pw)
-    video_start = real_len - grid[0] * grid[1] * grid[2]
-    total_len = real_len
+    cond = ("cond", "cond_audio") if references is None else ("ref_img", "ref_audio")
+    runs = [
+        *_runs(text_idx, "text"),
+        *_runs(video_idx[:n_cond], cond[0]),
+        *_runs(video_idx[n_cond:], "video"),
+        *_runs(audio_idx[:n_cond_audio], cond[1]),
+        *_runs(audio_idx[n_cond_audio:], "audio"),
+    ]
+    segments = sorted(runs)
     if pad_to:
         total_len = -(-real_len // pad_to) * pad_to
         pad = total_len - real_len
         if pad:  # pad rows: position 0, tagged text; never indexed by any modality
             position_ids = torch.cat([position_ids, position_ids.new_zeros(pad, 3)])
             token_tags = torch.cat([token_tags, token_tags.new_full((pad,), MINIMAX_H3_TEXT_TAG)])
-    return H3Layout(
-        shape,
-        position_ids,
-        token_tags,
-        video_idx,
-        audio_idx,
-        text_idx,
-        int(n_cond),
-        num_text,
-        video_start,
-        grid,
-        real_len,
-        total_len,
-        int(n_cond_audio),
-    )
+            segments.append((real_len, total_len, "pad"))
+    return H3Layout(shape, tuple(segments), grid, position_ids, token_tags, video_idx, audio_idx, text_idx)
+
+
+def _runs(indices: torch.Tensor, kind: str) -> list[tuple[int, int, str]]:
+    """The contiguous runs of ascending row `indices` as segments of `kind`."""
+    if indices.numel() == 0:
+        return []
+    cuts = [0, *((torch.diff(indices) != 1).nonzero().flatten() + 1).tolist(), indices.numel()]
+    return [(int(indices[a]), int(indices[b - 1]) + 1, kind) for a, b in zip(cuts, cuts[1:])]
 
 
 def unpatchify_video(rows: torch.Tensor, shape: H3Shape, geo: H3Geometry) -> torch.Tensor:

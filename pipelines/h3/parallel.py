@@ -25,12 +25,12 @@ from ...parallel.pool import WorkerPool, ensure_pool
 from ...parallel.world import World, dtype_named
 from .denoise import H3Job, denoise
 
-FAMILY = "h3:"
+KEY_PREFIX = "h3:"  # the keys of the H3 transformers a worker holds
 
 
 def model_key(model) -> str:
     """Names the weights a worker holds: the files (with their modification times) and the dtypes."""
-    return FAMILY + json.dumps(model.load_args, sort_keys=True)
+    return KEY_PREFIX + json.dumps(model.load_args, sort_keys=True)
 
 
 def ensure_workers(model) -> WorkerPool:
@@ -96,7 +96,7 @@ class _HeldCancel:
 
 @operation("h3.load")
 def load(world: World, models: dict, args: dict, tensors: dict) -> None:
-    for other in [k for k in models if k.startswith(FAMILY)]:
+    for other in [k for k in models if k.startswith(KEY_PREFIX)]:
         del models[other]  # one H3 transformer per worker: rank 0 forgot the others (`WorkerPool.ensure_model`)
     release_cached_memory(PLATFORM)  # its memory back before the next one's weights arrive
     transformer = load_transformer(

@@ -25,7 +25,7 @@ from .layout import unpack_audio, unpatchify_video
 from .parallel import sample_parallel
 
 DEFAULT_STEPS = 50  # sigma points incl. the terminal 0 -> 49 forwards; turbo LoRAs use 4-8
-REF2VA_PARTITION = "transformer_ref"  # models.h3.loader.TRANSFORMER_REF (the layers point down only)
+REF2VA_PARTITION = "transformer_ref"  # models.h3.folder.TRANSFORMER_REF (the layers point down only)
 
 
 def _progress_bar(progress, total: int):

@@ -5,13 +5,12 @@ streamed rollout (stream, its saved state: stream_state) beside them."""
 from .autoregressive import Rollout, rollout, run_chunks
 from .encode import check_size, check_wan21_vae, encode_first_frame, encode_hdmap, resize_images
 from .latents import LATENT_MEAN, LATENT_STD, VAE_SPATIAL, VAE_TEMPORAL, denormalize_latent, normalize_latent
-from .parallel import FAMILY, DrivenRollout, ensure_workers, model_key, open_rollout
-from .prompts import (
-    MAX_SCHEDULE_BYTES,
-    MAX_SCHEDULE_ENTRIES,
-    PromptCross,
+from .parallel import KEY_PREFIX, DrivenRollout, ensure_workers, model_key, open_rollout
+from .prompt_schedule import (
+    MAX_PROMPT_SCHEDULE_BYTES,
+    MAX_PROMPT_SCHEDULE_ENTRIES,
     PromptSwitch,
-    encode_schedule,
+    encode_prompt_schedule,
     parse_prompt_schedule,
 )
 from .sampler import rollout_plan, sample
@@ -21,12 +20,11 @@ __all__ = [
     "ARSettings",
     "DEFAULT_STEPS",
     "DrivenRollout",
-    "FAMILY",
     "LATENT_MEAN",
+    "KEY_PREFIX",
     "LATENT_STD",
-    "MAX_SCHEDULE_BYTES",
-    "MAX_SCHEDULE_ENTRIES",
-    "PromptCross",
+    "MAX_PROMPT_SCHEDULE_BYTES",
+    "MAX_PROMPT_SCHEDULE_ENTRIES",
     "PromptSwitch",
     "Rollout",
     "VAE_SPATIAL",
@@ -36,7 +34,7 @@ __all__ = [
     "denormalize_latent",
     "encode_first_frame",
     "encode_hdmap",
-    "encode_schedule",
+    "encode_prompt_schedule",
     "ensure_workers",
     "model_key",
     "normalize_latent",

@@ -8,6 +8,10 @@ Per chunk k (pin = k == 0), with one seeded generator and three draws in this or
 F pins frame 0 of chunk 0 to the clean first-frame latent before running the DiT. Skipping the
 pin before the context call would cache noise-corrupted frame-0 K/V that every later chunk
 attends to: the video sharpens at frame 0 and blurs afterwards.
+
+With `kv_finalize="skip"` (FlashDreams' skip_finalize_kv_cache; timesteps [1000, 100]) there is no third call: the
+chunk's slot keeps the K/V of the second call (whose input has frame 0 pinned). The context noise is still drawn,
+as FlashDreams draws it, so the generator's sequence is the same in both modes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from ... import compat
 from ...attention.sequence_parallel import SINGLE, SequenceShard
 from ...models.omnidreams.dit import OmniDreamsDiT
 from ...models.omnidreams.kv_cache import RollingKVCache
-from .prompts import PromptCross
+from .prompt_schedule import PromptSwitch
 from .schedule import ARSettings, released_schedule
 
 
@@ -35,8 +39,11 @@ def _pin_context(xc: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) ->
 class Rollout:
     """The OmniDreams rollout one chunk at a time. Between chunks it carries only its state: the KV window, the
     chunk index and the noise generator (`state_dict` / `load_state_dict` save and restore it, so k chunks now and
-    N - k later give the N chunks of one run, bit for bit). Free the window with `close` (also on interrupt).
+    N - k later give the N chunks of one run, bit for bit), and the prompt it owns. Free the window with `close`
+    (also on interrupt).
 
+    text / prompt_schedule: the prompt from chunk 0 and ((chunk index, text), ...) from those chunks on; a prompt
+    switched in while it runs comes through `switch_prompt` (None: none until then — a parallel worker's rollout).
     first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
     device: where it runs (the model's load device). compiled: the DiT blocks under torch.compile.
     shard: this rank's share of a context-parallel rollout (every rank runs the same steps on the same noise; the
@@ -46,8 +53,10 @@ class Rollout:
 
     def __init__(
         self,
-        model: OmniDreamsDiT,
+        dit: OmniDreamsDiT,
         *,
+        text: torch.Tensor | None,
+        prompt_schedule=(),
         latent_hw: tuple[int, int],
         seed: int,
         first_frame: torch.Tensor | None = None,
@@ -58,11 +67,13 @@ class Rollout:
         shard: SequenceShard = SINGLE,
         interrupt=None,
     ):
-        cfg = model.config
+        cfg = dit.config
         shard.check_heads(cfg.num_heads)
         self.compiled, self.shard = compiled, shard
         self.interrupt = interrupt or compat.check_interrupt
-        self.model, self.device, self.settings, self.attention_config = model, device, settings, attention_config
+        self.dit, self.device, self.settings, self.attention_config = dit, device, settings, attention_config
+        self.prompts = PromptSwitch(text, prompt_schedule, dtype=dit.dtype, device=device)
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []  # the K/V of the prompt that holds
         h, w = latent_hw
         lt = settings.len_t
         sink, window = settings.slots()
@@ -75,7 +86,7 @@ class Rollout:
             sink_chunks=sink,
             heads=cfg.num_heads // shard.size,
             head_dim=cfg.head_dim,
-            dtype=model.dtype,
+            dtype=dit.dtype,
             device=device,
             block_window_chunks=settings.block_window_chunks(cfg.num_blocks),
         )
@@ -87,13 +98,31 @@ class Rollout:
     def _randn(self) -> torch.Tensor:  # drawn on CPU: the same noise on every device
         return torch.randn(self.shape, generator=self.generator, dtype=torch.float32).to(self.device)
 
+    def switch_prompt(self, chunk: int, text: torch.Tensor) -> None:
+        """`text` from `chunk` on: the one way a prompt switches in while the rollout runs (a live session's prompt,
+        a worker told by rank 0); the prompt schedule's entries from that chunk on give way."""
+        self.prompts.override(chunk, text)
+
     @torch.no_grad()
-    def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
+    def _next_prompt(self) -> torch.Tensor | None:
+        """The prompt that switches in at this chunk, its K/V computed (None while the one that holds goes on)."""
+        text = self.prompts.switch(self.chunk)
+        if text is not None:
+            self.cross = []  # the previous prompt's K/V go first
+            self.cross = self.dit.cross_kv(text)
+        return text
+
+    def step(self, hdmap: torch.Tensor | None = None) -> torch.Tensor:
         """One chunk: its clean model-space latent [1, 16, len_t, h, w] (float32).
 
-        cross: the prompt's `model.cross_kv(text)` (the schedule may switch it between chunks);
         hdmap: this chunk's normalised HD-map latent [1, 16, len_t, h, w] (None: zeros)."""
-        dev, sched, lt, k = self.device, self.schedule, self.settings.len_t, self.chunk
+        self._next_prompt()
+        return self._chunk(hdmap)
+
+    @torch.no_grad()
+    def _chunk(self, hdmap: torch.Tensor | None) -> torch.Tensor:
+        """The steps of one chunk with the prompt that holds."""
+        cross, dev, sched, lt, k = self.cross, self.device, self.schedule, self.settings.len_t, self.chunk
         pin = k == 0 and self.first_frame is not None
         image = inject = torch.empty(0)  # used only when pinning
         if self.first_frame is not None and pin:
@@ -106,7 +135,7 @@ class Rollout:
 
         def dit(x: torch.Tensor, t: float) -> torch.Tensor:
             self.interrupt()
-            return self.model(
+            return self.dit(
                 x,
                 t,
                 cross,
@@ -128,16 +157,14 @@ class Rollout:
             x0 = x - sigma * dit(x, t)
         if pin:
             x0 = _pin(x0, image, inject)  # clean first-frame latent back in
-        xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * self._randn()  # draw 3: context noise
-        if pin:
-            xc = _pin_context(xc, image, inject)
-        dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
+        context_noise = self._randn()  # draw 3 (in both modes)
+        if self.settings.kv_finalize == "context_noise":
+            xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * context_noise
+            if pin:
+                xc = _pin_context(xc, image, inject)
+            dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
         self.chunk += 1
         return x0
-
-    def override_prompt(self, chunk: int, text: torch.Tensor) -> None:
-        """A prompt from `chunk` on, switched in by the caller's `PromptCross` (a parallel rollout also tells its
-        workers)."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {
@@ -158,7 +185,7 @@ class Rollout:
 
 @torch.no_grad()
 def rollout(
-    model: OmniDreamsDiT,
+    dit: OmniDreamsDiT,
     text: torch.Tensor,
     *,
     num_chunks: int,
@@ -170,17 +197,19 @@ def rollout(
     attention_config: dict | None = None,
     bar=None,
     device: torch.device,
-    schedule=(),
+    prompt_schedule=(),
 ) -> torch.Tensor:
     """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
 
     hdmap: normalised HD-map latent [1,16,>=len_t*N,h,w] (None: zeros).
-    schedule: ((chunk index, text), ...): the prompt from that chunk on (see `PromptCross`).
+    prompt_schedule: ((chunk index, text), ...): the prompt from that chunk on (see `Rollout`).
     bar: a progress bar (update(1) after each chunk; also a cancel point). Everywhere else `progress` is the
     factory that makes one (progress(total) -> bar). The rest: see `Rollout`.
     """
     run = Rollout(
-        model,
+        dit,
+        text=text,
+        prompt_schedule=prompt_schedule,
         latent_hw=latent_hw,
         seed=seed,
         first_frame=first_frame,
@@ -188,17 +217,17 @@ def rollout(
         attention_config=attention_config,
         device=device,
     )
-    return run_chunks(run, PromptCross(model, text, schedule, device), num_chunks, hdmap=hdmap, bar=bar)
+    return run_chunks(run, num_chunks, hdmap=hdmap, bar=bar)
 
 
-def run_chunks(run: Rollout, prompts: PromptCross, num_chunks: int, *, hdmap=None, bar=None) -> torch.Tensor:
+def run_chunks(run: Rollout, num_chunks: int, *, hdmap=None, bar=None) -> torch.Tensor:
     """`num_chunks` chunks of `run` (closed afterwards, also on interrupt) as one model-space latent."""
-    lt, channels = run.settings.len_t, run.model.config.out_channels
+    lt, channels = run.settings.len_t, run.dit.config.out_channels
     out = torch.empty((1, channels, lt * num_chunks, *run.shape[-2:]), dtype=torch.float32, device=run.device)
     try:
         for k in range(num_chunks):
             hd = hdmap[:, :, k * lt : (k + 1) * lt] if hdmap is not None else None
-            out[:, :, k * lt : (k + 1) * lt] = run.step(prompts.at(run.chunk), hd)
+            out[:, :, k * lt : (k + 1) * lt] = run.step(hd)
             if bar is not None:
                 bar.update(1)
     finally:

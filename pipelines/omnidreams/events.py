@@ -16,9 +16,9 @@ import re
 
 import numpy as np
 
-from .prompts import MAX_SCHEDULE_CHARS
+from .prompt_schedule import MAX_PROMPT_SCHEDULE_CHARS
 
-MAX_PROMPT_CHARS = MAX_SCHEDULE_CHARS  # one live prompt: as long as a whole prompt schedule may be
+MAX_PROMPT_CHARS = MAX_PROMPT_SCHEDULE_CHARS  # one live prompt: as long as a whole prompt schedule may be
 MAX_PENDING_EVENTS = 64  # events waiting for the next chunk boundary
 MAX_SESSION_EVENTS = 100_000  # events one session (and its record) may hold
 # the bytes a session's events take in its record's header (JSON-escaped, as written): well inside what read_record

@@ -23,22 +23,21 @@ from ...parallel.ops import operation
 from ...parallel.pool import WorkerPool, ensure_pool
 from ...parallel.world import dtype_named
 from .autoregressive import Rollout
-from .prompts import PromptSwitch
 from .schedule import ARSettings
 
 
 class DrivenRollout(Rollout):
     """Rank 0 of a context-parallel rollout. The workers mirror it (the operation `rollout` below): they get the
     rollout's inputs once, then each step's HD-map latent (and the prompt, in the compute dtype, at the steps where
-    it switches in), and run the same steps on their share of the tokens; the DiT gathers every chunk on every rank.
+    the rollout's own prompt switch says it switches in), and run the same steps on their share of the tokens; the
+    DiT gathers every chunk on every rank.
     A cancel inside a step stops all ranks at one interrupt point; anywhere else the workers are waiting for the next
     message and `close` ends their rollout."""
 
-    def __init__(self, pool, model: OmniDreamsDiT, *, model_key: str, text: torch.Tensor, schedule=(), **kwargs):
+    def __init__(self, pool, dit: OmniDreamsDiT, *, model_key: str, **kwargs):
         world = pool.world
         # local only: a setting that does not fit (heads, window) fails here, before the workers hear of the run
-        super().__init__(model, shard=world.shard, interrupt=world.interrupt_point, **kwargs)
-        self.prompt = PromptSwitch(text, schedule, dtype=model.dtype)  # the workers keep only the current prompt
+        super().__init__(dit, shard=world.shard, interrupt=world.interrupt_point, **kwargs)
         self._job = pool.job()
         self.world = self._job.__enter__()
         try:
@@ -58,16 +57,14 @@ class DrivenRollout(Rollout):
             self._end(exc)
             raise
 
-    def step(self, cross, hdmap: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, hdmap: torch.Tensor | None = None) -> torch.Tensor:
         try:
-            self.world.send("step", tensors={"hdmap": hdmap, "text": self.prompt.switch(self.chunk)})
-            return super().step(cross, hdmap)
+            # the workers keep only the prompt that holds: it is sent at the step where it switches in
+            self.world.send("step", tensors={"hdmap": hdmap, "text": self._next_prompt()})
+            return self._chunk(hdmap)
         except BaseException as exc:
             self._end(exc)  # inside a step: the workers stopped with us (a cancel) or the pool is gone
             raise
-
-    def override_prompt(self, chunk: int, text: torch.Tensor) -> None:
-        self.prompt.override(chunk, text)  # sent to the workers at that step
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         raise ValueError("saving the rollout state needs world size 1: each rank holds only its heads' KV window")
@@ -96,7 +93,7 @@ class DrivenRollout(Rollout):
             job.__exit__(type(exc), exc, exc.__traceback__)  # raises WorkerError if a worker died
 
 
-FAMILY = "omnidreams:"
+KEY_PREFIX = "omnidreams:"  # the keys of the OmniDreams DiTs a worker holds
 
 
 def ensure_workers(model) -> WorkerPool:
@@ -113,17 +110,18 @@ def ensure_workers(model) -> WorkerPool:
 
 def model_key(model) -> str:
     """Names the weights a worker holds: the file (with its modification time) and the dtypes."""
-    return FAMILY + json.dumps(model.load_args, sort_keys=True)
+    return KEY_PREFIX + json.dumps(model.load_args, sort_keys=True)
 
 
-def open_rollout(model, *, text: torch.Tensor, schedule=(), **kwargs) -> Rollout:
-    """The rollout of a model handle: in this process, or across its world (`model.world_size` > 1)."""
+def open_rollout(model, **kwargs) -> Rollout:
+    """The rollout of a model handle (`models.handles.OmniDreamsModel`): in this process, or across its world
+    (`model.world_size` > 1). kwargs: `Rollout`'s, less the DiT, its device and attention."""
     dit = compat.loaded(model.patcher)  # ComfyUI places the weights (all, or what fits: the rest stream)
     kwargs.update(attention_config=model.attention, device=model.device)
     if model.world_size == 1:
         return Rollout(dit, **kwargs)
     pool = ensure_workers(model)
-    return DrivenRollout(pool, dit, model_key=model_key(model), text=text, schedule=schedule, **kwargs)
+    return DrivenRollout(pool, dit, model_key=model_key(model), **kwargs)
 
 
 # ---------------------------------------------------------------------------- worker operations
@@ -131,7 +129,7 @@ def open_rollout(model, *, text: torch.Tensor, schedule=(), **kwargs) -> Rollout
 
 @operation("omnidreams.load")
 def load(world, models: dict, args: dict, tensors: dict) -> None:
-    for other in [k for k in models if k.startswith(FAMILY)]:
+    for other in [k for k in models if k.startswith(KEY_PREFIX)]:
         del models[other]  # one OmniDreams DiT per worker: rank 0 forgot the others (`WorkerPool.ensure_model`)
     release_cached_memory(PLATFORM)  # its memory back before the next one's weights arrive
     dit = load_omnidreams(args["path"], dtype_named(args["dtype"]), dtype_named(args["weight_dtype"]))
@@ -141,10 +139,11 @@ def load(world, models: dict, args: dict, tensors: dict) -> None:
 
 @operation("omnidreams.rollout")
 def rollout(world, models: dict, args: dict, tensors: dict) -> None:
-    model = models[args["key"]]
+    dit = models[args["key"]]
     settings = args["settings"]
     run = Rollout(
-        model,
+        dit,
+        text=None,  # rank 0 sends each prompt at the step where it switches in
         latent_hw=tuple(args["latent_hw"]),
         seed=args["seed"],
         first_frame=tensors.get("first_frame"),
@@ -155,15 +154,13 @@ def rollout(world, models: dict, args: dict, tensors: dict) -> None:
         shard=world.shard,
         interrupt=world.interrupt_point,
     )
-    cross: list = []  # the current prompt's K/V; rank 0 sends a prompt at the step where it switches in
     try:
         while True:
             op, _, step = world.receive()
             if op == "end":
                 return
             if "text" in step:
-                cross = []  # the previous prompt's K/V go first
-                cross = model.cross_kv(step.pop("text").to(world.device))
-            run.step(cross, step.get("hdmap"))
+                run.switch_prompt(run.chunk, step["text"])
+            run.step(step.get("hdmap"))
     finally:
         run.close()

@@ -10,7 +10,6 @@ from .autoregressive import run_chunks
 from .encode import check_size
 from .latents import VAE_SPATIAL, denormalize_latent
 from .parallel import open_rollout
-from .prompts import PromptCross
 from .schedule import DEFAULT_STEPS, ARSettings, num_chunks_for_frames, pixel_frames
 
 
@@ -25,7 +24,8 @@ def rollout_plan(model, conditioning, width: int, height: int) -> tuple[tuple[in
         check_size(width, height)
         h, w = height // VAE_SPATIAL, width // VAE_SPATIAL
         compat.log.warning("OmniDreams: no first frame connected; generating without an image pin")
-    settings = ARSettings(
+    settings = ARSettings.for_kv_finalize(
+        model.kv_finalize,
         len_t=model.chunk_frames,
         window_frames=model.window_frames,
         sink_frames=model.sink_frames,
@@ -74,13 +74,13 @@ def sample(
         run = open_rollout(
             model,
             text=text,
-            schedule=conditioning.schedule,
+            prompt_schedule=conditioning.prompt_schedule,
             latent_hw=(h, w),
             seed=seed,
             first_frame=first,
             settings=settings,
         )
-        z = run_chunks(run, PromptCross(run.model, text, conditioning.schedule, model.device), n, hdmap=hdmap, bar=bar)
+        z = run_chunks(run, n, hdmap=hdmap, bar=bar)
         z = denormalize_latent(z).to(compat.intermediate_device(torch.device("cpu")))
     finally:
         compat.free_memory()  # also on interrupt or error: return the freed KV window's blocks

@@ -13,6 +13,11 @@ from .latents import VAE_TEMPORAL
 DEFAULT_STEPS = 2
 NUM_TRAIN_TIMESTEPS, SHIFT = 1000, 5.0
 MAX_SHORT_HISTORY_BLOCKS = 64  # early short-history blocks a setting may name (the released DiT has 28 blocks)
+# How a chunk's K/V get into the window. "context_noise" (released): a third DiT call on the re-noised clean latent
+# writes them. "skip" (FlashDreams' skip_finalize_kv_cache, its -perf / RTX 5090 presets): no third call, the K/V of
+# the last denoising call stay; its presets denoise at [1000, 100] then.
+KV_FINALIZE_CHOICES = ("context_noise", "skip")
+DENOISE_TIMESTEPS = {"context_noise": (1000, 450), "skip": (1000, 100)}
 
 
 def sigma_table() -> torch.Tensor:
@@ -45,11 +50,19 @@ class ARSettings:
     len_t: int = 2  # latent frames per chunk
     window_frames: int = 6  # latent frames the cache keeps (sink included)
     sink_frames: int = 0  # leading latent frames that never leave the window
-    denoise: tuple[int, ...] = (1000, 450)
+    denoise: tuple[int, ...] = DENOISE_TIMESTEPS["context_noise"]
     context_t: float = 128.0
+    kv_finalize: str = "context_noise"  # one of KV_FINALIZE_CHOICES
     # FlashDreams' early short history (its `early_short_history_block_count`): the first N DiT blocks keep the sink
     # and one chunk (the current one: no earlier chunk), the others window_frames. 0: every block keeps window_frames.
     short_history_blocks: int = 0
+
+    @classmethod
+    def for_kv_finalize(cls, kv_finalize: str, **settings) -> ARSettings:
+        """The settings of a K/V finalize mode with its denoising timesteps (FlashDreams' presets)."""
+        if kv_finalize not in KV_FINALIZE_CHOICES:
+            raise ValueError(f"kv_finalize {kv_finalize!r} is not one of {', '.join(KV_FINALIZE_CHOICES)}")
+        return cls(kv_finalize=kv_finalize, denoise=DENOISE_TIMESTEPS[kv_finalize], **settings)
 
     def slots(self) -> tuple[int, int]:
         """(sink chunks, rolling window chunks)."""

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,10 +21,10 @@ from ... import compat
 from ...models.wan_vae.fused import fused_decode
 from ...models.wan_vae.stream import StreamDecoder, StreamEncoder
 from ..wan_decode import select_fusion
+from .autoregressive import Rollout
 from .encode import check_wan21_vae, resize_images
 from .latents import VAE_SPATIAL, VAE_TEMPORAL, denormalize_latent, normalize_latent
 from .parallel import open_rollout
-from .prompts import PromptCross
 from .sampler import rollout_plan
 from .stream_state import SavedState, StreamState, state_metadata
 
@@ -34,9 +35,9 @@ class WanChunks:
 
     def __init__(self, vae, fusion: str = "auto"):
         check_wan21_vae(vae)
-        self.vae, self.model = vae, vae.first_stage_model
+        self.vae, self.module = vae, vae.first_stage_model
         self.fusion, self.ops = select_fusion(fusion)
-        self.decoder, self.encoder = StreamDecoder(self.model), StreamEncoder(self.model)
+        self.decoder, self.encoder = StreamDecoder(self.module), StreamEncoder(self.module)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Raw latent frames [1, 16, T, h, w] -> IMAGE [F, H, W, 3] (what core VAE Decode gives for them; ComfyUI's
@@ -49,13 +50,13 @@ class WanChunks:
         held frame decoded with its successor (a whole decode of the longer video)."""
         if self.decoder.held is None:
             return None
-        shape = (1, self.model.z_dim, 1, *self.decoder.held_hw)
+        shape = (1, self.module.z_dim, 1, *self.decoder.held_hw)
         return self._images(self.decoder.flush, shape, compat.check_interrupt if cancellable else None)
 
     def _images(self, run, shape, check=compat.check_interrupt) -> torch.Tensor:
         vae = self.vae
         compat.load_models([vae.patcher], vae.memory_used_decode(shape, vae.vae_dtype))
-        with torch.no_grad(), fused_decode(self.model, self.fusion, self.ops, check=check):
+        with torch.no_grad(), fused_decode(self.module, self.fusion, self.ops, check=check):
             out = run()
         out = vae.process_output(out.to(vae.output_device).float()).movedim(1, -1)
         return out.reshape(-1, *out.shape[-3:])
@@ -190,7 +191,7 @@ def stream(
     run = open_rollout(
         model,
         text=conditioning.text,
-        schedule=conditioning.schedule,
+        prompt_schedule=conditioning.prompt_schedule,
         latent_hw=(h, w),
         seed=seed,
         first_frame=conditioning.first_frame,
@@ -204,14 +205,14 @@ def stream(
             tensors = resume.load().tensors
             run.load_state_dict(tensors)
             wan.load_state_dict(tensors)
-        prompts = PromptCross(run.model, conditioning.text, conditioning.schedule, model.device)
         if hdmap is not None:
             maps = video_frames(hdmap, w * VAE_SPATIAL, h * VAE_SPATIAL, skip=wan.encoder.frames)
         elif pushed is not None:
             maps = image_rows(pushed, w * VAE_SPATIAL, h * VAE_SPATIAL)
         bar = (progress or compat.ProgressBar)(script.total(0))
         try:
-            made, written, whole = _roll(run, wan, prompts, maps, settings, model, script, encode, write, bar, previews)
+            loop = ChunkLoop(run, wan, maps, model.patcher, script, encode, write, bar, previews)
+            made, written, whole = run_chunk_loop(loop)
         except BaseException:
             # a cancel or an error: the finished chunks' held-back frames still go to the file (no cancel point)
             with contextlib.suppress(Exception):
@@ -234,37 +235,61 @@ def stream(
         compat.free_memory()
 
 
-def _roll(run, wan, prompts, maps, settings, model, script, encode, write, bar, previews) -> tuple[int, int, bool]:
-    """The chunk loop of `stream`: (chunks made, pixel frames written, whether it ended between chunks)."""
+@dataclass(frozen=True)
+class ChunkLoop:
+    """What the chunk loop of `stream` reads, declared in one place (as diffusers' modular blocks declare their
+    inputs). Per chunk: the script's turn (a prompt switched into the rollout), the HD-map latent, one rollout step,
+    its decode, the frames written and the bar moved."""
+
+    run: Rollout  # owns the KV window, the noise and the prompt
+    wan: WanChunks  # the VAE: HD-map encode, chunk decode
+    maps: Iterator[torch.Tensor] | None  # the HD-map's IMAGE rows (None: no HD-map)
+    patcher: Any  # the DiT's ModelPatcher: loaded again before each step
+    script: Script
+    encode: Callable[[str], torch.Tensor] | None  # prompt text -> embedding (None: no text encoder)
+    write: Callable[[torch.Tensor], None]  # each chunk's IMAGE frames
+    bar: Any  # update(n, preview=) and total
+    previews: bool  # each chunk's last frame on the bar
+
+
+class LoopEnd(NamedTuple):
+    """What the chunk loop of `stream` gives back."""
+
+    made: int  # chunks made
+    written: int  # pixel frames written
+    between_chunks: bool  # False: the script ended it inside a chunk (no state to save)
+
+
+def run_chunk_loop(loop: ChunkLoop) -> LoopEnd:
+    """The chunk loop of `stream`."""
+    run, wan, len_t = loop.run, loop.wan, loop.run.settings.len_t
     written = made = 0
-    while (turn := script.before_chunk(made, run.chunk)) is not None:
+    while (turn := loop.script.before_chunk(made, run.chunk)) is not None:
         k = run.chunk
         if turn.prompt is not None:
-            if encode is None:
+            if loop.encode is None:
                 raise ValueError(f"a prompt switches in at chunk {k} but no text encoder is connected")
-            text = encode(turn.prompt)
-            prompts.override(k, text)
-            run.override_prompt(k, text)
+            run.switch_prompt(k, loop.encode(turn.prompt))
         hd = None
-        if maps is not None:
+        if loop.maps is not None:
             try:
-                hd = normalize_latent(wan.encode(maps, settings.len_t))
+                hd = normalize_latent(wan.encode(loop.maps, len_t))
             except ScriptEnded:
-                return made, written, False
+                return LoopEnd(made, written, False)
             except EOFError as end:
-                need = sum(hdmap_pixel_frames(i, settings.len_t) for i in range(k + 1))
+                need = sum(hdmap_pixel_frames(i, len_t) for i in range(k + 1))
                 raise ValueError(
                     f"the HD-map video ends at frame {end.args[0]}; chunk {k} needs frames up to {need}. Use a longer "
                     "HD-map video or fewer chunks."
                 ) from None
-        compat.load_models([model.patcher])  # back in place if ComfyUI moved it to make room for the VAE
-        x0 = run.step(prompts.at(k), hd)
+        compat.load_models([loop.patcher])  # back in place if ComfyUI moved it to make room for the VAE
+        x0 = run.step(hd)
         images = wan.decode(denormalize_latent(x0))
-        write(images)
+        loop.write(images)
         written, made = written + images.shape[0], made + 1
-        bar.total = script.total(made)
-        bar.update(1, preview=_preview(images[-1]) if previews else None)
-    return made, written, True
+        loop.bar.total = loop.script.total(made)
+        loop.bar.update(1, preview=_preview(images[-1]) if loop.previews else None)
+    return LoopEnd(made, written, True)
 
 
 def _preview(frame: torch.Tensor):

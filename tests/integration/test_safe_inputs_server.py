@@ -61,7 +61,7 @@ def outside(tmp_path_factory, comfy_server):
 #   "path"  our validate_inputs' path check (its '..' message);
 #   "list"  the check of the value against the dropdown's list only (the path check runs when the node runs): core's
 #           (value_not_in_list) where ComfyUI checks V3 combo values itself (0.33), else our validate_inputs'
-#           (0.3.64, safe_paths.CORE_CHECKS_V3_COMBOS)
+#           (0.3.64, input_checks.CORE_CHECKS_V3_COMBOS)
 INPUTS = [
     ("OmniDreamsLoadTextEmbedding", "embedding", "text_encoders", f"{OUTSIDE_MARKER}.safetensors", {}, "path"),
     (

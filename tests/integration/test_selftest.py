@@ -92,7 +92,7 @@ def test_selftest_passes_and_reports_every_workflow_decode_and_kernel(comfyui_pa
 
 
 def test_selftest_fails_when_a_kernel_is_wrong(comfyui_path, tmp_path):
-    bad = "kernel:wan_vae.cat_pad_5d:torch_fused"
+    bad = "kernel:wan_vae.cat_pad_5d:torch"
     proc = selftest(comfyui_path, tmp_path, "--checks", "kernels", "--inject-failure", bad)
     assert proc.returncode == 1, _explain(proc)
     table = rows(proc.stdout)

@@ -1,5 +1,5 @@
 """The prompt schedule: parsed from its text ('0: a car at dusk, 40: rain starts'), each distinct prompt encoded
-once, and which prompt (with its cross-attention K/V) holds at each chunk."""
+once, and which prompt holds at each chunk (the rollout that owns the switch computes its cross-attention K/V)."""
 
 from __future__ import annotations
 
@@ -8,30 +8,28 @@ import re
 
 import torch
 
-from ...models.omnidreams.dit import OmniDreamsDiT
-
-MAX_SCHEDULE_CHARS = 65536
-MAX_SCHEDULE_ENTRIES = 256
+MAX_PROMPT_SCHEDULE_CHARS = 65536
+MAX_PROMPT_SCHEDULE_ENTRIES = 256
 # The distinct prompts' embeddings (float32, held by the conditioning in ComfyUI's cache for as long as the workflow
 # is cached): 4 GiB is 20 prompts of Cosmos-Reason1 7B (512 x 100352 float32 = 196 MiB each), a new one every 6.4
 # chunks (1.7 s) of the longest video the sampler makes (128 chunks), and small beside the 16 GB encoder itself.
-MAX_SCHEDULE_BYTES = 4 * 2**30
+MAX_PROMPT_SCHEDULE_BYTES = 4 * 2**30
 _ENTRY = re.compile(r"(?:^|[,\n])[ \t]*(\d{1,6})[ \t]*:")  # "<chunk>:" at the start, after a comma or a newline
 
 
 def parse_prompt_schedule(text: str) -> list[tuple[int, str]]:
     """'0: a car at dusk, 40: rain starts' -> [(0, 'a car at dusk'), (40, 'rain starts')]: each prompt holds
     from its chunk index until the next entry's. Linear time; bounded length and entry count."""
-    if not isinstance(text, str) or len(text) > MAX_SCHEDULE_CHARS:
-        raise ValueError(f"the prompt schedule must be text of at most {MAX_SCHEDULE_CHARS} characters")
+    if not isinstance(text, str) or len(text) > MAX_PROMPT_SCHEDULE_CHARS:
+        raise ValueError(f"the prompt schedule must be text of at most {MAX_PROMPT_SCHEDULE_CHARS} characters")
     matches = list(_ENTRY.finditer(text))
     if not matches or text[: matches[0].start()].strip():
         raise ValueError(
             "the prompt schedule must start with a chunk index and a colon, e.g. '0: a car at dusk, 40: rain "
             "starts' (entries start at the beginning, after a comma or on a new line)"
         )
-    if len(matches) > MAX_SCHEDULE_ENTRIES:
-        raise ValueError(f"the prompt schedule has {len(matches)} entries; at most {MAX_SCHEDULE_ENTRIES}")
+    if len(matches) > MAX_PROMPT_SCHEDULE_ENTRIES:
+        raise ValueError(f"the prompt schedule has {len(matches)} entries; at most {MAX_PROMPT_SCHEDULE_ENTRIES}")
     entries: list[tuple[int, str]] = []
     for m, end in zip(matches, [n.start() for n in matches[1:]] + [len(text)]):
         chunk, prompt = int(m.group(1)), text[m.end() : end].strip()
@@ -43,16 +41,18 @@ def parse_prompt_schedule(text: str) -> list[tuple[int, str]]:
     return entries
 
 
-def encode_schedule(entries: list[tuple[int, str]], encode, embedding_bytes: int) -> list[tuple[int, torch.Tensor]]:
+def encode_prompt_schedule(
+    entries: list[tuple[int, str]], encode, embedding_bytes: int
+) -> list[tuple[int, torch.Tensor]]:
     """A parsed schedule's (chunk, embedding) pairs: each distinct prompt encoded once (`encode(prompt)`), the entries
     that repeat it share its tensor. Their total size (`embedding_bytes` each) is checked before anything is encoded."""
     prompts = list(dict.fromkeys(prompt for _, prompt in entries))
-    total = len(prompts) * embedding_bytes
-    if total > MAX_SCHEDULE_BYTES:
+    total, limit = len(prompts) * embedding_bytes, MAX_PROMPT_SCHEDULE_BYTES
+    if total > limit:
         raise ValueError(
             f"the prompt schedule has {len(prompts)} distinct prompts; their embeddings ({embedding_bytes / 2**20:.0f} "
-            f"MiB each, {total / 2**30:.1f} GiB) exceed the limit of {MAX_SCHEDULE_BYTES / 2**30:.0f} GiB: use at most "
-            f"{MAX_SCHEDULE_BYTES // embedding_bytes} distinct prompts (an entry that repeats a prompt's text exactly "
+            f"MiB each, {total / 2**30:.1f} GiB) exceed the limit of {limit / 2**30:.0f} GiB: use at most "
+            f"{limit // embedding_bytes} distinct prompts (an entry that repeats a prompt's text exactly "
             "costs nothing)"
         )
     encoded = {prompt: encode(prompt) for prompt in prompts}
@@ -60,11 +60,15 @@ def encode_schedule(entries: list[tuple[int, str]], encode, embedding_bytes: int
 
 
 class PromptSwitch:
-    """Which prompt holds at each chunk (the conditioning's text, then its schedule) and when another switches in.
-    Entries that share one tensor (a repeated prompt, see `encode_schedule`) are one prompt: no switch between them."""
+    """Which prompt holds at each chunk (the conditioning's text, then its prompt schedule, then the prompts switched
+    in while running) and when another switches in. Entries that share one tensor (a repeated prompt, see
+    `encode_prompt_schedule`) are one prompt: no switch between them. A rollout owns one (`Rollout.switch_prompt`)."""
 
-    def __init__(self, text: torch.Tensor, schedule=(), *, dtype: torch.dtype, device: torch.device | None = None):
-        self.entries: list[tuple[int, torch.Tensor]] = [(0, text), *schedule]  # later entries: chunk > 0, rising
+    def __init__(
+        self, text: torch.Tensor | None, prompt_schedule=(), *, dtype: torch.dtype, device: torch.device | None = None
+    ):
+        # later entries: chunk > 0, rising. No text: none until one is switched in (a parallel worker's rollout)
+        self.entries: list[tuple[int, torch.Tensor]] = [(0, text), *prompt_schedule] if text is not None else []
         self.starts = [start for start, _ in self.entries]
         self.dtype, self.device = dtype, device
         self.active: torch.Tensor | None = None
@@ -77,26 +81,13 @@ class PromptSwitch:
 
     def switch(self, chunk: int) -> torch.Tensor | None:
         """The prompt that switches in at `chunk`, in the compute dtype on the device (the one copy a rollout keeps
-        or sends); None while the active one holds."""
-        text = self.entries[bisect.bisect_right(self.starts, chunk) - 1][1]
+        or sends); None while the active one holds. Chunks only go forward: the entries before it are let go."""
+        current = bisect.bisect_right(self.starts, chunk) - 1
+        if current < 0:
+            raise ValueError(f"no prompt holds at chunk {chunk}")
+        text = self.entries[current][1]
+        del self.entries[:current], self.starts[:current]
         if text is self.active:
             return None
         self.active = text
         return text.to(self.device, self.dtype)
-
-
-class PromptCross(PromptSwitch):
-    """The cross-attention K/V of the prompt that holds at each chunk, computed when the prompt switches; one
-    prompt's K/V are kept at a time."""
-
-    def __init__(self, model: OmniDreamsDiT, text: torch.Tensor, schedule=(), device: torch.device | None = None):
-        super().__init__(text, schedule, dtype=model.dtype, device=device)
-        self.model = model
-        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def at(self, chunk: int) -> list:
-        text = self.switch(chunk)
-        if text is not None:
-            self.cross = []  # the previous prompt's K/V go first
-            self.cross = self.model.cross_kv(text)
-        return self.cross

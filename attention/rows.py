@@ -1,4 +1,4 @@
-"""Layout metadata that travels with one attention call, shared by every implementation.
+"""What the rows of one attention call are (`AttnRows`), shared by every implementation.
 
 Tensors are [B, S, H, D]. A sequence is `[prefix | video (t h w)]`; when packed it is
 `[real | pad]` with the padding as a strict suffix (`kv_lengths` = real rows per batch item).
@@ -13,7 +13,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class AttnLayout:
+class AttnRows:
     prefix_len: int = 0  # rows before the video (text, keyframes, audio, reference latents)
     grid: tuple[int, int, int] | None = None  # latent patch grid (t, h, w) of the video rows
     kv_lengths: tuple[int, ...] | None = None  # real rows per batch item; rows after them are padding
@@ -29,14 +29,14 @@ class AttnLayout:
         return math.prod(self.grid) if self.grid is not None else 0
 
 
-def packed_used(layout: AttnLayout | None, batch: int, seq_len: int) -> int | None:
+def packed_used(rows: AttnRows | None, batch: int, seq_len: int) -> int | None:
     """The valid row count when the packed contract holds (batch 1, 0 < used <= S), else None.
 
     None also when nothing is padded: callers then run the plain path.
     """
-    if layout is None or layout.kv_lengths is None or batch != 1 or len(layout.kv_lengths) != 1:
+    if rows is None or rows.kv_lengths is None or batch != 1 or len(rows.kv_lengths) != 1:
         return None
-    used = int(layout.kv_lengths[0])
+    used = int(rows.kv_lengths[0])
     return used if 0 < used < seq_len else None
 
 
@@ -45,12 +45,12 @@ def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
     return float(scale) if scale is not None else q.shape[-1] ** -0.5
 
 
-def key_padding_mask(layout: AttnLayout, batch: int, seq_len: int, device) -> torch.Tensor:
+def key_padding_mask(rows: AttnRows, batch: int, seq_len: int, device) -> torch.Tensor:
     """[B, 1, 1, S] boolean key mask from `kv_lengths` - O(B*S), never O(S^2).
 
     Raises when the lengths cannot describe this batch (never attend over padding silently).
     """
-    lengths = layout.kv_lengths
+    lengths = rows.kv_lengths
     if lengths is None or len(lengths) != batch or any(not 0 < int(n) <= seq_len for n in lengths):
         raise ValueError(
             f"attention: packed contract failed and valid_kv_length {lengths} cannot rebuild a padding "
