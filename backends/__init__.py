@@ -12,10 +12,12 @@ from .distributed import (
 )
 from .platform import (
     DTYPE_CHOICES,
+    PLACEMENT_CHOICES,
     PLATFORM,
     WEIGHT_DTYPE_CHOICES,
     Platform,
     detect,
+    placement_device,
     resolve_dtype,
     resolve_weight_dtype,
 )
@@ -24,9 +26,11 @@ from .report import backend_report
 
 __all__ = [
     "DTYPE_CHOICES",
+    "PLACEMENT_CHOICES",
     "PLATFORM",
     "Platform",
     "detect",
+    "placement_device",
     "resolve_dtype",
     "WEIGHT_DTYPE_CHOICES",
     "resolve_weight_dtype",

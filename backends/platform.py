@@ -75,6 +75,17 @@ def detect() -> Platform:
 PLATFORM = detect()
 
 
+PLACEMENT_CHOICES = ("default", "cpu")  # a loader's device: ComfyUI's choice for the model, or the CPU (core's word)
+
+
+def placement_device(choice: str) -> torch.device | None:
+    """A loader's device choice: None for 'default' (ComfyUI places the model), the CPU for 'cpu' (it stays there: a
+    text encoder beside a DiT on a 24-32 GB card)."""
+    if choice not in PLACEMENT_CHOICES:
+        raise ValueError(f"device must be one of {', '.join(PLACEMENT_CHOICES)}; got {choice!r}")
+    return torch.device("cpu") if choice == "cpu" else None
+
+
 def resolve_dtype(choice: str | torch.dtype, device: torch.device | None = None) -> torch.dtype:
     """A loader's dtype choice. 'auto' = bf16 (the released precision) on accelerators, fp32 on
     CPU, where bf16 matmuls are slow."""

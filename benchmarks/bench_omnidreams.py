@@ -7,10 +7,12 @@ a cache (every call runs the DiT over all history frames + the chunk). Once the 
 
     python benchmarks/bench_omnidreams.py                          # CPU: tiny and mid configs
     python benchmarks/bench_omnidreams.py --config 2b --height 704 --width 1280 --dtype bf16 --no-baseline  # GPU
-    python benchmarks/bench_omnidreams.py --kv-finalize context_noise --kv-finalize skip --no-baseline  # the two modes
+    python benchmarks/bench_omnidreams.py --kv-finalize context_noise --kv-finalize skip --kv-dtype auto \
+        --kv-dtype fp8_e4m3fn --no-baseline  # the loader's kv_finalize x kv_dtype
 
-With several --kv-finalize modes (the loader's option: the released context write, FlashDreams' skip) each runs in
-its own subprocess and the last lines give the steady chunks' (3 on) time of each as a ratio to the first mode's.
+Each variant of the loader's KV options (kv_finalize: the released context write or FlashDreams' skip; kv_dtype: the
+compute dtype or fp8) runs in its own subprocess; the last lines give each one's steady chunks (3 on) and its time
+and KV window as ratios to the first variant's.
 
 Each config runs in its own subprocess so its peak memory is its own (CPU: peak RSS growth over the
 loaded model; CUDA: max_memory_allocated).
@@ -125,7 +127,7 @@ def run_config(args) -> dict:
             first_frame=first,
             bar=ChunkTimer(args.chunks),
             device=device,
-            settings=ARSettings.for_kv_finalize(args.kv_finalize),
+            settings=ARSettings.for_kv_finalize(args.kv_finalize, kv_dtype=args.kv_dtype),
         )
         cache_bytes["kv"] = Measured.nbytes_seen
         per_chunk = [b - a for a, b in zip(marks, marks[1:])]
@@ -138,7 +140,7 @@ def run_config(args) -> dict:
     context_ms = [1000 * min(r[1][k] for r in runs) for k in range(args.chunks)]
     result = {
         "config": args.config,
-        "kv_finalize": args.kv_finalize,
+        "variant": f"{args.kv_finalize}/{args.kv_dtype}",
         "latent": [h, w],
         "tokens_per_chunk": 2 * (h // 2) * (w // 2),
         "chunk_ms": chunk_ms,
@@ -170,6 +172,8 @@ def run_config(args) -> dict:
 
 
 def main() -> None:
+    from omnivideo.pipelines.omnidreams.schedule import KV_DTYPE_CHOICES, KV_FINALIZE_CHOICES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=list(CONFIGS), action="append", help="repeatable; default: tiny and mid")
     parser.add_argument("--chunks", type=int, default=8)
@@ -180,9 +184,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
-    parser.add_argument(
-        "--kv-finalize", choices=["context_noise", "skip"], action="append", help="repeatable; default: context_noise"
-    )
+    parser.add_argument("--kv-finalize", choices=KV_FINALIZE_CHOICES, action="append", help="default: context_noise")
+    parser.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, action="append", help="repeatable; default: auto")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,13 +195,13 @@ def main() -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     if args.child:
-        args.config, args.kv_finalize = args.config[0], args.kv_finalize[0]
+        args.config, args.kv_finalize, args.kv_dtype = args.config[0], args.kv_finalize[0], args.kv_dtype[0]
         print(json.dumps(run_config(args)))
         return
 
     results = []
-    modes = args.kv_finalize or ["context_noise"]
-    for name, mode in [(name, mode) for name in args.config or ["tiny", "mid"] for mode in modes]:
+    variants = [(f, d) for f in args.kv_finalize or ["context_noise"] for d in args.kv_dtype or ["auto"]]
+    for name, (finalize, kv_dtype) in [(name, v) for name in args.config or ["tiny", "mid"] for v in variants]:
         cmd = [
             sys.executable,
             __file__,
@@ -216,7 +219,9 @@ def main() -> None:
             "--threads",
             str(args.threads),
             "--kv-finalize",
-            mode,
+            finalize,
+            "--kv-dtype",
+            kv_dtype,
         ]
         cmd += ["--height", str(args.height)] if args.height else []
         cmd += ["--width", str(args.width)] if args.width else []
@@ -228,7 +233,7 @@ def main() -> None:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
         print(
-            f"\n== {name}, kv_finalize {mode}: latent {r['latent'][0]}x{r['latent'][1]}, "
+            f"\n== {name}, {finalize}/{kv_dtype}: latent {r['latent'][0]}x{r['latent'][1]}, "
             f"{r['tokens_per_chunk']} tokens/chunk, "
             f"{args.dtype} on {args.device}; KV cache {r['kv_cache_mb']:.1f} MB, peak +{r['peak_mb']:.0f} MB"
         )
@@ -246,12 +251,14 @@ def main() -> None:
             print(f"chunk 7 / chunk 3 = {flat:.3f} ({'flat' if abs(flat - 1) <= 0.15 else 'NOT flat'}: within 15%)")
         if "recompute_ms" in r:
             print(f"all chunks: recompute / cached = {sum(r['recompute_ms']) / sum(r['chunk_ms']):.2f}x")
-    steady = {(r["config"], r["kv_finalize"]): r["chunk_ms"][3:] or r["chunk_ms"] for r in results}
-    for (name, mode), ms in steady.items():
-        first = steady[(name, modes[0])]
+    first = {r["config"]: r for r in results[:: len(variants)]}
+    for r in results:
+        ms, base = r["chunk_ms"][3:] or r["chunk_ms"], first[r["config"]]
+        base_ms = base["chunk_ms"][3:] or base["chunk_ms"]
         print(
-            f"{name} {mode}: steady chunk {sum(ms) / len(ms):.1f} ms ({1000 * len(ms) / sum(ms):.1f} chunks/s), "
-            f"{sum(ms) / sum(first):.3f}x {modes[0]}'s"
+            f"{r['config']} {r['variant']}: steady chunk {sum(ms) / len(ms):.1f} ms "
+            f"({1000 * len(ms) / sum(ms):.1f} chunks/s), {sum(ms) / sum(base_ms):.3f}x the time and "
+            f"{r['kv_cache_mb'] / base['kv_cache_mb']:.2f}x the KV window of {base['variant']}"
         )
     if args.json:
         with open(args.json, "w") as f:

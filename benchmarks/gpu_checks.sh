@@ -40,6 +40,12 @@ done
 COMFYUI_PATH=$native COMFYUI_PYTHON=${COMFYUI33_PYTHON:-python} python benchmarks/bench_h3.py --configs large \
     --native large 2>&1 | tee "$out/h3_gpu.txt"
 
+# The OmniDreams rollout's KV options at the released 2B shape, 704x1280 bf16, random weights (DiT only, no decode):
+# ms per chunk and the KV window for kv_finalize context_noise / skip x kv_dtype auto / fp8, as ratios in one run
+python benchmarks/bench_omnidreams.py --config 2b --height 704 --width 1280 --dtype bf16 --no-baseline --runs 2 \
+    --kv-finalize context_noise --kv-finalize skip --kv-dtype auto --kv-dtype fp8_e4m3fn \
+    2>&1 | tee "$out/omnidreams_kv_options_gpu.txt"
+
 # Streaming OmniDreams on the GPU: the 2B-shaped random DiT at 704x1280 in bf16 with the full-size Wan 2.1 VAE,
 # streamed vs batch (peak, first frame, throughput) and the compiled blocks vs eager, ms per chunk.
 if [ -f "${COMFYUI_PATH:-}/main.py" ]; then

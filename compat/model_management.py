@@ -86,13 +86,14 @@ def _devices(kind: str, default: torch.device) -> tuple[torch.device, torch.devi
     return load(), offload()
 
 
-def manage(module: torch.nn.Module, kind: str, default_device: torch.device):
+def manage(module: torch.nn.Module, kind: str, default_device: torch.device, pinned: torch.device | None = None):
     """Hand `module` to ComfyUI's model management: returns its ModelPatcher (`.model.module` is `module`).
 
     `kind` ('diffusion', 'text_encoder' or 'vae') picks ComfyUI's devices for it; `default_device` is where
-    it runs outside ComfyUI. The module should be on the offload device (CPU) already.
+    it runs outside ComfyUI; `pinned`: it loads and offloads there instead (core's loaders' device 'cpu'). The module
+    should be on the offload device (CPU) already.
     """
-    load, offload = _devices(kind, default_device)
+    load, offload = (pinned, pinned) if pinned is not None else _devices(kind, default_device)
     holder = ManagedModule(module)
     if HAS_COMFY:
         return model_patcher.ModelPatcher(holder, load_device=load, offload_device=offload)

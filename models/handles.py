@@ -55,6 +55,7 @@ class OmniDreamsModel(OmniVideoModel):
     sink_frames: int = 0  # leading latent frames that never leave the window
     short_history_blocks: int = 0  # FlashDreams' early short history: first N blocks keep one chunk (0: uniform)
     kv_finalize: str = "context_noise"  # how a chunk's K/V enter the window (pipelines/omnidreams/schedule.py)
+    kv_dtype: str = "auto"  # what the window stores: the compute dtype or fp8_e4m3fn
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,15 @@ from __future__ import annotations
 from functools import partial
 
 from .. import compat
-from ..backends import DTYPE_CHOICES, PLATFORM, WEIGHT_DTYPE_CHOICES, resolve_dtype, resolve_weight_dtype
+from ..backends import (
+    DTYPE_CHOICES,
+    PLACEMENT_CHOICES,
+    PLATFORM,
+    WEIGHT_DTYPE_CHOICES,
+    placement_device,
+    resolve_dtype,
+    resolve_weight_dtype,
+)
 from ..compat import io
 from ..integration import comfy_types, safe_paths
 from ..models.handles import OmniDreamsConditioning, OmniDreamsModel, check_family
@@ -32,7 +40,7 @@ from ..pipelines.omnidreams import (
     parse_prompt_schedule,
     sample,
 )
-from ..pipelines.omnidreams.schedule import KV_FINALIZE_CHOICES, MAX_SHORT_HISTORY_BLOCKS
+from ..pipelines.omnidreams.schedule import KV_DTYPE_CHOICES, KV_FINALIZE_CHOICES, MAX_SHORT_HISTORY_BLOCKS
 from .input_checks import checks_inputs, unless_blank
 from .sampling import run_sampler, sampler_inputs
 from .types import AttentionType, ConditioningType, ModelType, TextEncoderType
@@ -70,7 +78,7 @@ KV_HISTORY_CHOICES = ("uniform", "early_short_history")
 DEFAULT_SHORT_HISTORY_BLOCKS = 9  # FlashDreams' responsive presets (early_short_history_block_count=9)
 
 
-@checks_inputs(ckpt_name=_checkpoint, combos=("dtype", "kv_history", "kv_finalize"))
+@checks_inputs(ckpt_name=_checkpoint, combos=("dtype", "kv_history", "kv_finalize", "kv_dtype"))
 class OmniDreamsModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -92,8 +100,9 @@ class OmniDreamsModelLoader(io.ComfyNode):
                 "window in the rest: less memory, history only in the later blocks. kv_finalize 'context_noise' "
                 "(released) writes each chunk's K/V with a third DiT call on the re-noised clean chunk; 'skip' "
                 "(FlashDreams' skip_finalize_kv_cache, its fast presets) keeps the K/V of the last denoising call "
-                "and denoises at timesteps [1000, 100]: 2 DiT calls per chunk instead of 3. A saved stream state "
-                "resumes only with the kv_history and kv_finalize it was saved with."
+                "and denoises at timesteps [1000, 100]: 2 DiT calls per chunk instead of 3. kv_dtype 'fp8_e4m3fn' "
+                "stores the KV window in fp8 (half the memory of bf16; FlashDreams' fp8 KV cache). A saved stream "
+                "state resumes only with the kv_history, kv_finalize and kv_dtype it was saved with."
             ),
             inputs=[
                 io.Combo.Input("ckpt_name", options=safe_paths.list_model_files("diffusion_models", CKPT_EXTS)),
@@ -126,6 +135,14 @@ class OmniDreamsModelLoader(io.ComfyNode):
                     "[1000, 450]). skip: FlashDreams' skip_finalize_kv_cache, the last denoising call's K/V stay "
                     "(timesteps [1000, 100]); a third less DiT work per chunk.",
                 ),
+                io.Combo.Input(
+                    "kv_dtype",
+                    options=list(KV_DTYPE_CHOICES),
+                    default="auto",
+                    optional=True,  # absent in workflows saved before it: the compute dtype
+                    tooltip="What the KV window stores. auto: the compute dtype. fp8_e4m3fn: half the memory of "
+                    "bf16 (scale 1, read back in the compute dtype; a small difference in the video).",
+                ),
                 AttentionType.Input(
                     "attention",
                     optional=True,
@@ -146,12 +163,17 @@ class OmniDreamsModelLoader(io.ComfyNode):
         short_history_blocks=DEFAULT_SHORT_HISTORY_BLOCKS,
         attention=None,
         kv_finalize="context_noise",
+        kv_dtype="auto",
     ) -> io.NodeOutput:
         if kv_history not in KV_HISTORY_CHOICES:
             raise ValueError(f"kv_history {kv_history!r} is not one of {', '.join(KV_HISTORY_CHOICES)}")
         short = int(short_history_blocks) if kv_history == "early_short_history" else 0
         settings = ARSettings.for_kv_finalize(
-            kv_finalize, window_frames=window_frames, sink_frames=sink_frames, short_history_blocks=short
+            kv_finalize,
+            window_frames=window_frames,
+            sink_frames=sink_frames,
+            short_history_blocks=short,
+            kv_dtype=kv_dtype,
         )
         settings.slots()  # raises a clear ValueError
         path = _checkpoint(ckpt_name)
@@ -170,12 +192,13 @@ class OmniDreamsModelLoader(io.ComfyNode):
             sink_frames=sink_frames,
             short_history_blocks=short,
             kv_finalize=kv_finalize,
+            kv_dtype=kv_dtype,
             load_args=weights_recipe(path, compute_dtype, weight_dtype),
         )
         return io.NodeOutput(model)
 
 
-@checks_inputs(folder=_encoder_folder, combos=("dtype",))
+@checks_inputs(folder=_encoder_folder, combos=("dtype", "device"))
 class OmniDreamsTextEncoderLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -186,22 +209,31 @@ class OmniDreamsTextEncoderLoader(io.ComfyNode):
             description=(
                 "Loads Cosmos-Reason1 (Qwen2.5-VL, 7B) from a folder under models/text_encoders "
                 "(config.json, weights, tokenizer files). Heavy: precompute embeddings once and use "
-                "OmniDreams Load Text Embedding when memory is short."
+                "OmniDreams Load Text Embedding when memory is short, or run it on the CPU (device 'cpu', dtype "
+                "bf16: ~16 GB of RAM instead of GPU memory; a prompt takes seconds there)."
             ),
             inputs=[
                 io.Combo.Input(
                     "folder", options=safe_paths.list_model_folders("text_encoders", encoder_folder_problem)
                 ),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto"),
+                io.Combo.Input(
+                    "device",
+                    options=list(PLACEMENT_CHOICES),
+                    default="default",
+                    optional=True,  # absent in workflows saved before it: where ComfyUI puts text encoders
+                    tooltip="default: where ComfyUI puts text encoders. cpu: it stays on the CPU, the GPU is the "
+                    "DiT's (24-32 GB cards; 'auto' dtype is fp32 there, bf16 halves the RAM).",
+                ),
             ],
             outputs=[TextEncoderType.Output(display_name="text_encoder")],
         )
 
     @classmethod
-    def execute(cls, folder, dtype="auto") -> io.NodeOutput:
-        path = _encoder_folder(folder)
-        device = PLATFORM.device
-        return io.NodeOutput(load_text_encoder(path, resolve_dtype(dtype, device), device))
+    def execute(cls, folder, dtype="auto", device="default") -> io.NodeOutput:
+        path, pinned = _encoder_folder(folder), placement_device(device)
+        runs_on = pinned or PLATFORM.device
+        return io.NodeOutput(load_text_encoder(path, resolve_dtype(dtype, runs_on), PLATFORM.device, pinned))
 
 
 @checks_inputs(save_as=unless_blank(partial(safe_paths.output_file_path, ext=".safetensors")))

@@ -251,9 +251,9 @@ def test_skip_finalize_resumes_bit_for_bit_and_only_with_its_setting(model, inpu
         pipe.ARSettings.for_kv_finalize("finalize")
 
 
-def test_loader_kv_finalize_option(comfy_folders):
-    """The loader's kv_finalize reaches the rollout's settings; absent (a workflow saved before it): the released
-    context write. It is the loader's last widget, so older workflows' widget values keep their places."""
+def test_loader_kv_finalize_and_kv_dtype_options(comfy_folders):
+    """The loader's kv_finalize and kv_dtype reach the rollout's settings; absent (a workflow saved before them): the
+    released context write and the compute dtype. They are its last widgets: older workflows' values stay put."""
     torch.save(stored_state_dict(THREE, seed=2), comfy_folders.models("diffusion_models") / "omnidreams_three.pt")
     load = nodes.OmniDreamsModelLoader.execute
     older = load("omnidreams_three.pt", "fp32", 4, 0)[0]
@@ -263,5 +263,7 @@ def test_loader_kv_finalize_option(comfy_folders):
     assert pipe.rollout_plan(skip, cond, 64, 64)[1] == pipe.ARSettings.for_kv_finalize("skip", window_frames=4)
     with pytest.raises(ValueError, match="kv_finalize 'none' is not one of context_noise, skip"):
         load("omnidreams_three.pt", "fp32", 4, 0, kv_finalize="none")
+    fp8 = load("omnidreams_three.pt", "fp32", 4, 0, kv_dtype="fp8_e4m3fn")[0]  # the fp8 window: test_omnidreams_kv_fp8
+    assert pipe.rollout_plan(fp8, cond, 64, 64)[1] == pipe.ARSettings(window_frames=4, kv_dtype="fp8_e4m3fn")
     widgets = [i.id for i in nodes.OmniDreamsModelLoader.define_schema().inputs if i.id != "attention"]
-    assert widgets[-1] == "kv_finalize"
+    assert widgets[-2:] == ["kv_finalize", "kv_dtype"]

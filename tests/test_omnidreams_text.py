@@ -160,3 +160,22 @@ def test_prompt_schedule_node_encodes_each_prompt_once(encoder):
     assert later.text is cond.text and [k for k, _ in later.prompt_schedule] == [8]
     assert "must start with a chunk index" in node.validate_inputs(schedule="night")
     assert node.validate_inputs(schedule="0: a, 3: b") is True
+
+
+def test_the_loaders_device_cpu_keeps_the_encoder_on_the_cpu(comfy_folders, monkeypatch):
+    """device 'cpu' (the 24-32 GB recipe): the encoder loads and offloads on the CPU whatever ComfyUI picks for text
+    encoders, and encodes there in bf16; 'default' (and a workflow saved before the option) is ComfyUI's pick."""
+    from omnivideo.compat import model_management
+    from omnivideo.nodes import omnidreams as nodes
+
+    write_tiny_cosmos_reason1(comfy_folders.models("text_encoders") / "cosmos_reason1_tiny")
+    gpu = torch.device("cuda", 7)  # what ComfyUI would pick on a GPU machine; never used here
+    monkeypatch.setattr(model_management, "_devices", lambda kind, default: (gpu, torch.device("cpu")))
+    load = nodes.OmniDreamsTextEncoderLoader.execute
+    assert load("cosmos_reason1_tiny", "bf16")[0].patcher.load_device == gpu
+    assert load("cosmos_reason1_tiny", "bf16", "default")[0].patcher.load_device == gpu
+    on_cpu = load("cosmos_reason1_tiny", "bf16", "cpu")[0]
+    assert (on_cpu.patcher.load_device, on_cpu.patcher.offload_device) == (torch.device("cpu"), torch.device("cpu"))
+    assert te.encode_prompt(on_cpu, "a car").shape == (1, 512, LAYERS * HIDDEN)
+    with pytest.raises(ValueError, match="device must be one of default, cpu; got 'gpu'"):
+        load("cosmos_reason1_tiny", "bf16", "gpu")

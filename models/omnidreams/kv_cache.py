@@ -7,6 +7,12 @@ constant for the whole rollout). Layout [sink | window], in chunk-sized slots: c
 chunk overwrites that chunk's slot, so after the chunk the slot holds the K/V of its last call
 (the context-noise refresh). Attention sees [used slots up to and including this chunk].
 
+The window may be stored in float8_e4m3fn (`storage_dtype`, half the bytes of bf16): K/V are cast with a static
+per-tensor scale of 1 (torch's cast saturates at e4m3's +-448) and read back in the compute dtype. Scale 1, as
+FlashDreams' fp8_kvcache: the DiT's K are RMS-normed per head and its V stay small, well inside +-448 where e4m3 keeps
+3 mantissa bits; no amax reduction per write (nothing data-dependent in the step, nothing to sync), and a saved window
+is its stored bytes, no scales beside it.
+
 Blocks may have windows of their own (`block_window_chunks`, e.g. FlashDreams' early short history: the first
 blocks see the sink and the current chunk only): blocks with one window share one `WindowRoll` (its slots, fill and
 current slot) and hold buffers of just their slots. Every roll starts together, so a block's fill is
@@ -22,6 +28,12 @@ import torch
 # A saved tensor as a file header describes it (read without loading it): key -> (dtype, shape).
 Entries = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 MAX_SAVED_BLOCKS = 1024  # blocks a saved window may name (real models: tens)
+FP8_STORAGE = torch.float8_e4m3fn
+
+
+def _read(window: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The visible window in the compute dtype (an fp8 window is read back; any other is a view)."""
+    return window if window.dtype == dtype else window.to(dtype)
 
 
 class WindowRoll:
@@ -67,10 +79,10 @@ class BlockWindow:
         if k.shape[1] != roll.chunk_tokens:
             raise ValueError(f"chunk has {k.shape[1]} tokens, cache slots hold {roll.chunk_tokens}")
         lo = roll.slot * roll.chunk_tokens
-        self.k[:, lo : lo + roll.chunk_tokens] = k
+        self.k[:, lo : lo + roll.chunk_tokens] = k  # cast into the window's dtype
         self.v[:, lo : lo + roll.chunk_tokens] = v
         end = roll.visible_tokens
-        return self.k[:, :end], self.v[:, :end]
+        return _read(self.k[:, :end], k.dtype), _read(self.v[:, :end], v.dtype)
 
 
 class RollingKVCache:
@@ -87,9 +99,14 @@ class RollingKVCache:
         device: torch.device,
         batch: int = 1,
         block_window_chunks: Sequence[int] | None = None,
+        storage_dtype: torch.dtype | None = None,
     ):
         """block_window_chunks: each block's window (chunks after the sink), None: `window_chunks` for every block.
-        `window_chunks` must be the longest of them (what `used`, `slot` and `visible_tokens` describe)."""
+        `window_chunks` must be the longest of them (what `used`, `slot` and `visible_tokens` describe).
+        storage_dtype: what the window stores (None: `dtype`; FP8_STORAGE: see the module's note)."""
+        if storage_dtype not in (None, dtype, FP8_STORAGE):
+            raise ValueError(f"the KV window stores {dtype} or {FP8_STORAGE}, not {storage_dtype}")
+        dtype = storage_dtype or dtype
         if window_chunks < 1 or sink_chunks < 0:
             raise ValueError(f"window_chunks must be >= 1 and sink_chunks >= 0, got {window_chunks}, {sink_chunks}")
         windows = [window_chunks] * num_blocks if block_window_chunks is None else list(block_window_chunks)

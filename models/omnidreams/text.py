@@ -48,12 +48,14 @@ def encoder_folder_problem(folder: str) -> str | None:
     return None
 
 
-def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> TextEncoder:
+def load_text_encoder(
+    folder: str, dtype: torch.dtype, device: torch.device, pinned: torch.device | None = None
+) -> TextEncoder:
     """A local Cosmos-Reason1 / Qwen2.5-VL folder (config.json, weights, tokenizer); never the network.
 
     The model (~16 GB in bf16) is handed to ComfyUI's model management: `encode_prompt` has it loaded (fully or
     partially) for the forward pass and ComfyUI evicts it when the DiT needs the room. `device` is where it
-    runs outside ComfyUI."""
+    runs outside ComfyUI; `pinned` (the CPU): where it always runs, leaving the GPU to the DiT."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     problem = encoder_folder_problem(folder)
@@ -67,8 +69,9 @@ def load_text_encoder(folder: str, dtype: torch.dtype, device: torch.device) -> 
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
     except OSError as exc:
         raise files_missing("Cosmos-Reason1", folder, exc) from None
-    compat.make_castable(model, compat.operations(dtype, dtype, device))
-    return TextEncoder(compat.manage(model.eval().requires_grad_(False), "text_encoder", device), tokenizer, folder)
+    compat.make_castable(model, compat.operations(dtype, dtype, pinned or device))
+    patcher = compat.manage(model.eval().requires_grad_(False), "text_encoder", device, pinned)
+    return TextEncoder(patcher, tokenizer, folder)
 
 
 def embedding_bytes(encoder: TextEncoder) -> int:

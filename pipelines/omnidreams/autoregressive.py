@@ -21,9 +21,11 @@ import torch
 from ... import compat
 from ...attention.sequence_parallel import SINGLE, SequenceShard
 from ...models.omnidreams.dit import OmniDreamsDiT
-from ...models.omnidreams.kv_cache import RollingKVCache
+from ...models.omnidreams.kv_cache import FP8_STORAGE, RollingKVCache
 from .prompt_schedule import PromptSwitch
 from .schedule import ARSettings, released_schedule
+
+KV_STORAGE = {"auto": None, "fp8_e4m3fn": FP8_STORAGE}  # ARSettings.kv_dtype -> the window's storage dtype
 
 
 def _pin(x: torch.Tensor, image: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
@@ -89,6 +91,7 @@ class Rollout:
             dtype=dit.dtype,
             device=device,
             block_window_chunks=settings.block_window_chunks(cfg.num_blocks),
+            storage_dtype=KV_STORAGE[settings.kv_dtype],
         )
         self.generator = torch.Generator("cpu").manual_seed(int(seed))
         self.shape = (1, cfg.in_channels, lt, h, w)

@@ -30,6 +30,7 @@ def rollout_plan(model, conditioning, width: int, height: int) -> tuple[tuple[in
         window_frames=model.window_frames,
         sink_frames=model.sink_frames,
         short_history_blocks=model.short_history_blocks,
+        kv_dtype=model.kv_dtype,
     )
     return (int(h), int(w)), settings
 

@@ -18,6 +18,7 @@ MAX_SHORT_HISTORY_BLOCKS = 64  # early short-history blocks a setting may name (
 # the last denoising call stay; its presets denoise at [1000, 100] then.
 KV_FINALIZE_CHOICES = ("context_noise", "skip")
 DENOISE_TIMESTEPS = {"context_noise": (1000, 450), "skip": (1000, 100)}
+KV_DTYPE_CHOICES = ("auto", "fp8_e4m3fn")  # what the KV window stores: the compute dtype, or fp8 (kv_cache.py)
 
 
 def sigma_table() -> torch.Tensor:
@@ -53,6 +54,13 @@ class ARSettings:
     denoise: tuple[int, ...] = DENOISE_TIMESTEPS["context_noise"]
     context_t: float = 128.0
     kv_finalize: str = "context_noise"  # one of KV_FINALIZE_CHOICES
+    kv_dtype: str = "auto"  # one of KV_DTYPE_CHOICES
+
+    def __post_init__(self):
+        for name, choices in (("kv_finalize", KV_FINALIZE_CHOICES), ("kv_dtype", KV_DTYPE_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(choices)}")
+
     # FlashDreams' early short history (its `early_short_history_block_count`): the first N DiT blocks keep the sink
     # and one chunk (the current one: no earlier chunk), the others window_frames. 0: every block keeps window_frames.
     short_history_blocks: int = 0
@@ -60,9 +68,7 @@ class ARSettings:
     @classmethod
     def for_kv_finalize(cls, kv_finalize: str, **settings) -> ARSettings:
         """The settings of a K/V finalize mode with its denoising timesteps (FlashDreams' presets)."""
-        if kv_finalize not in KV_FINALIZE_CHOICES:
-            raise ValueError(f"kv_finalize {kv_finalize!r} is not one of {', '.join(KV_FINALIZE_CHOICES)}")
-        return cls(kv_finalize=kv_finalize, denoise=DENOISE_TIMESTEPS[kv_finalize], **settings)
+        return cls(kv_finalize=kv_finalize, denoise=DENOISE_TIMESTEPS.get(kv_finalize, ()), **settings)
 
     def slots(self) -> tuple[int, int]:
         """(sink chunks, rolling window chunks)."""

@@ -221,11 +221,12 @@ def state_metadata(seed: int, latent_hw: tuple[int, int], settings: ARSettings) 
         "short_history_blocks": str(settings.short_history_blocks),
         "len_t": str(settings.len_t),
         "kv_finalize": settings.kv_finalize,
+        "kv_dtype": settings.kv_dtype,
     }
 
 
 # what a state saved before a setting existed had: that setting's default (its rollout ran with it)
-_ABSENT_MEANS = {"short_history_blocks": "0", "kv_finalize": "context_noise"}
+_ABSENT_MEANS = {"short_history_blocks": "0", "kv_finalize": "context_noise", "kv_dtype": "auto"}
 
 
 def check_state(saved: dict[str, str], this_run: dict[str, str]) -> None:
@@ -237,6 +238,6 @@ def check_state(saved: dict[str, str], this_run: dict[str, str]) -> None:
     if wrong:
         raise ValueError(
             "the saved rollout state belongs to another rollout: " + ", ".join(wrong) + ". Resume with the seed, "
-            "size and window settings it was saved with (short_history_blocks: the loader's kv_history; kv_finalize: "
-            "the stream's)."
+            "size and window settings it was saved with (the loader's: short_history_blocks from its kv_history, "
+            "kv_finalize, kv_dtype)."
         )

@@ -62,6 +62,7 @@ WORKFLOWS = [
     "omnidreams_i2v_hdmap",
     "omnidreams_i2v_stream",
     "omnidreams_i2v_stream_hdmap",
+    "omnidreams_i2v_stream_small_card",  # fp8 weights and KV window, kv_finalize skip, text encoder on the CPU
     "omnidreams_i2v_live",  # queued without a panel: it makes its chunks (max_chunks) and ends
     "omnidreams_i2v_cp",  # the server starts a worker process: world size 2 (gloo on CPU)
 ]
