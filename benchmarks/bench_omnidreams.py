@@ -8,11 +8,12 @@ a cache (every call runs the DiT over all history frames + the chunk). Once the 
     python benchmarks/bench_omnidreams.py                          # CPU: tiny and mid configs
     python benchmarks/bench_omnidreams.py --config 2b --height 704 --width 1280 --dtype bf16 --no-baseline  # GPU
     python benchmarks/bench_omnidreams.py --kv-finalize context_noise --kv-finalize skip --kv-dtype auto \
-        --kv-dtype fp8_e4m3fn --no-baseline  # the loader's kv_finalize x kv_dtype
+        --kv-dtype fp8_e4m3fn --step eager --step graphed --no-baseline  # kv_finalize x kv_dtype x step
 
-Each variant of the loader's KV options (kv_finalize: the released context write or FlashDreams' skip; kv_dtype: the
-compute dtype or fp8) runs in its own subprocess; the last lines give each one's steady chunks (3 on) and its time
-and KV window as ratios to the first variant's.
+Each variant (the loader's kv_finalize: the released context write or FlashDreams' skip; its kv_dtype: the compute
+dtype or fp8; the step: eager, compiled blocks, or graphed: static buffers replayed as a CUDA graph, eager on a CPU)
+runs in its own subprocess; the last lines give each one's steady chunks (3 on) and its time and KV window as ratios
+to the first variant's. A graphed run times whole chunks only (no per-call timing inside a captured graph).
 
 Each config runs in its own subprocess so its peak memory is its own (CPU: peak RSS growth over the
 loaded model; CUDA: max_memory_allocated).
@@ -103,7 +104,8 @@ def run_config(args) -> dict:
         calls.append((t, time.perf_counter() - start))
         return out
 
-    model.forward = timed_forward
+    if args.step != "graphed":  # a host sync per call would break the capture
+        model.forward = timed_forward
     runs = []
     cache_bytes = {}
     for run in range(args.runs + 1):  # run 0 warms up (allocator, oneDNN/cuBLAS plans) and is dropped
@@ -128,6 +130,8 @@ def run_config(args) -> dict:
             bar=ChunkTimer(args.chunks),
             device=device,
             settings=ARSettings.for_kv_finalize(args.kv_finalize, kv_dtype=args.kv_dtype),
+            compiled=args.step == "compiled",
+            cuda_graph=args.step == "graphed",
         )
         cache_bytes["kv"] = Measured.nbytes_seen
         per_chunk = [b - a for a, b in zip(marks, marks[1:])]
@@ -140,7 +144,7 @@ def run_config(args) -> dict:
     context_ms = [1000 * min(r[1][k] for r in runs) for k in range(args.chunks)]
     result = {
         "config": args.config,
-        "variant": f"{args.kv_finalize}/{args.kv_dtype}",
+        "variant": f"{args.kv_finalize}/{args.kv_dtype}/{args.step}",
         "latent": [h, w],
         "tokens_per_chunk": 2 * (h // 2) * (w // 2),
         "chunk_ms": chunk_ms,
@@ -186,6 +190,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
     parser.add_argument("--kv-finalize", choices=KV_FINALIZE_CHOICES, action="append", help="default: context_noise")
     parser.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, action="append", help="repeatable; default: auto")
+    parser.add_argument("--step", choices=["eager", "compiled", "graphed"], action="append", help="default: eager")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -196,12 +201,18 @@ def main() -> None:
 
     if args.child:
         args.config, args.kv_finalize, args.kv_dtype = args.config[0], args.kv_finalize[0], args.kv_dtype[0]
+        args.step = args.step[0]
         print(json.dumps(run_config(args)))
         return
 
     results = []
-    variants = [(f, d) for f in args.kv_finalize or ["context_noise"] for d in args.kv_dtype or ["auto"]]
-    for name, (finalize, kv_dtype) in [(name, v) for name in args.config or ["tiny", "mid"] for v in variants]:
+    variants = [
+        (f, d, s)
+        for f in args.kv_finalize or ["context_noise"]
+        for d in args.kv_dtype or ["auto"]
+        for s in args.step or ["eager"]
+    ]
+    for name, (finalize, kv_dtype, step) in [(name, v) for name in args.config or ["tiny", "mid"] for v in variants]:
         cmd = [
             sys.executable,
             __file__,
@@ -222,6 +233,8 @@ def main() -> None:
             finalize,
             "--kv-dtype",
             kv_dtype,
+            "--step",
+            step,
         ]
         cmd += ["--height", str(args.height)] if args.height else []
         cmd += ["--width", str(args.width)] if args.width else []
@@ -233,7 +246,7 @@ def main() -> None:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
         print(
-            f"\n== {name}, {finalize}/{kv_dtype}: latent {r['latent'][0]}x{r['latent'][1]}, "
+            f"\n== {name}, {finalize}/{kv_dtype}/{step}: latent {r['latent'][0]}x{r['latent'][1]}, "
             f"{r['tokens_per_chunk']} tokens/chunk, "
             f"{args.dtype} on {args.device}; KV cache {r['kv_cache_mb']:.1f} MB, peak +{r['peak_mb']:.0f} MB"
         )

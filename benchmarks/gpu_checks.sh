@@ -9,8 +9,9 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 
-python -m pytest -q -p no:cacheprovider tests/test_wan_vae_kernels.py tests/test_wan_vae_decode.py \
-    tests/test_attention_rainfusion.py tests/test_attention_varlen.py 2>&1 | tee "$out/gpu_tests.txt"
+pytest -q -p no:cacheprovider tests/test_wan_vae_kernels.py tests/test_wan_vae_decode.py \
+    tests/test_attention_rainfusion.py tests/test_attention_varlen.py tests/test_omnidreams_static_step.py 2>&1 \
+    | tee "$out/gpu_tests.txt"
 python benchmarks/bench_attention.py --dtype bf16 2>&1 | tee "$out/attention_gpu.txt"
 
 # Memory owned by ComfyUI (needs a ComfyUI checkout): partial loading and fp8 on the GPU, H3 and OmniDreams at the
@@ -26,7 +27,7 @@ if [ -f "${COMFYUI_PATH:-}/main.py" ]; then
     # the install check on the device: every workflow, the decode at every level and every kernel on CUDA
     ${COMFYUI_PYTHON:-python} -m omnivideo.selftest --comfyui "$COMFYUI_PATH" 2>&1 | tee "$out/selftest_gpu.txt"
     python benchmarks/bench_model_memory.py --config mid 2>&1 | tee "$out/model_memory_gpu.txt"
-    python -m pytest -q -p no:cacheprovider tests/test_model_management.py 2>&1 | tee "$out/model_management_gpu.txt"
+    pytest -q -p no:cacheprovider tests/test_model_management.py 2>&1 | tee "$out/model_management_gpu.txt"
 else
     echo "no ComfyUI checkout (COMFYUI_PATH): model-memory checks skipped" | tee "$out/model_memory_gpu.txt"
 fi
@@ -40,11 +41,12 @@ done
 COMFYUI_PATH=$native COMFYUI_PYTHON=${COMFYUI33_PYTHON:-python} python benchmarks/bench_h3.py --configs large \
     --native large 2>&1 | tee "$out/h3_gpu.txt"
 
-# The OmniDreams rollout's KV options at the released 2B shape, 704x1280 bf16, random weights (DiT only, no decode):
-# ms per chunk and the KV window for kv_finalize context_noise / skip x kv_dtype auto / fp8, as ratios in one run
-python benchmarks/bench_omnidreams.py --config 2b --height 704 --width 1280 --dtype bf16 --no-baseline --runs 2 \
-    --kv-finalize context_noise --kv-finalize skip --kv-dtype auto --kv-dtype fp8_e4m3fn \
-    2>&1 | tee "$out/omnidreams_kv_options_gpu.txt"
+# OmniDreams at frame rate, the released 2B shape at 704x1280 in bf16, random weights (DiT only, no decode): ms per
+# chunk (fps = 8 / s per chunk) and the KV window for eager / compiled / graphed x kv_finalize context_noise / skip x
+# kv_dtype auto / fp8, as ratios in one run (goal on one H200 with the decode: >= 46 fps)
+python benchmarks/bench_omnidreams.py --config 2b --height 704 --width 1280 --dtype bf16 --no-baseline --runs 1 \
+    --chunks 6 --step eager --step compiled --step graphed --kv-finalize context_noise --kv-finalize skip \
+    --kv-dtype auto --kv-dtype fp8_e4m3fn 2>&1 | tee "$out/omnidreams_frame_rate_gpu.txt"
 
 # Streaming OmniDreams on the GPU: the 2B-shaped random DiT at 704x1280 in bf16 with the full-size Wan 2.1 VAE,
 # streamed vs batch (peak, first frame, throughput) and the compiled blocks vs eager, ms per chunk.
@@ -69,7 +71,7 @@ if [ "$gpus" -gt 1 ]; then
         2>&1 | tee "$out/parallel_gpu.txt"
     # the pool on CUDA (NCCL's bootstrap bound to loopback like gloo): every socket of rank 0 and its workers on
     # loopback, strangers get nothing (the pool test starts 3 ranks: one per GPU)
-    [ "$gpus" -gt 2 ] && python -m pytest -q -p no:cacheprovider tests/test_parallel_pool.py 2>&1 \
+    [ "$gpus" -gt 2 ] && pytest -q -p no:cacheprovider tests/test_parallel_pool.py 2>&1 \
         | tee "$out/parallel_pool_gpu.txt"
 else
     echo "$gpus GPU(s): the multi-GPU context-parallel benchmark (bench_parallel.py --device cuda) skipped" \

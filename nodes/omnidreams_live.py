@@ -16,6 +16,7 @@ from ..pipelines.omnidreams.live import LiveSession
 from ..pipelines.omnidreams.record import write_record
 from .omnidreams_stream import (
     CHECKS_STREAM_INPUTS,
+    CUDA_GRAPH_INPUT,
     FPS,
     HDMAP_INPUT,
     MAX_CHUNKS,
@@ -111,6 +112,7 @@ class OmniDreamsLive(io.ComfyNode):
                     "keeps the key. A program makes its own key and sends it in the X-OmniVideo-Live-Key header. "
                     "Empty: nobody can steer or watch the session; it makes its chunks and ends.",
                 ),
+                CUDA_GRAPH_INPUT,
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
@@ -137,6 +139,7 @@ class OmniDreamsLive(io.ComfyNode):
         save_state_as="",
         max_wait=DEFAULT_MAX_WAIT,
         key_hash="",
+        cuda_graph=False,
     ) -> io.NodeOutput:
         if (problem := check_key_hash(key_hash)) is not None:
             raise ValueError(problem)
@@ -193,6 +196,7 @@ class OmniDreamsLive(io.ComfyNode):
                 height=height,
                 fusion=fusion,
                 hdmap=hdmap,
+                cuda_graph=cuda_graph,
                 script=session,
                 encode=encode,
                 previews=False,  # the panel plays every frame

@@ -71,6 +71,15 @@ def video_inputs(filename_prefix: str) -> list:
 
 
 HDMAP_INPUT = io.Video.Input("hdmap", optional=True, tooltip="HD-map video (Load Video), read chunk by chunk.")
+# the last widget of both stream nodes (absent in workflows saved before it: the eager step)
+CUDA_GRAPH_INPUT = io.Boolean.Input(
+    "cuda_graph",
+    default=False,
+    optional=True,
+    tooltip="Once the KV window is full (chunk 2 on), each chunk runs on static buffers, captured as a CUDA graph "
+    "and replayed (FlashDreams' recipe for frame rate); eagerly where there is no CUDA. Cancel acts between chunks. "
+    "One device only (world size 1).",
+)
 
 
 def state_inputs() -> list:
@@ -132,6 +141,7 @@ class OmniDreamsStream(io.ComfyNode):
                     tooltip="An OmniDreams Live record (…events.safetensors in the output folder): its prompts and "
                     "HD-map frames at their chunks, the same video again.",
                 ),
+                CUDA_GRAPH_INPUT,
             ],
             outputs=[io.Video.Output(display_name="video")],
         )
@@ -154,6 +164,7 @@ class OmniDreamsStream(io.ComfyNode):
         save_state_as="",
         text_encoder=None,
         replay="",
+        cuda_graph=False,
     ) -> io.NodeOutput:
         script, encode = None, None
         if replay.strip():
@@ -174,6 +185,7 @@ class OmniDreamsStream(io.ComfyNode):
             fusion=fusion,
             hdmap=hdmap,
             compiled=compile,
+            cuda_graph=cuda_graph,
             script=script,
             encode=encode,
         )

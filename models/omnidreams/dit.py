@@ -295,16 +295,29 @@ class OmniDreamsDiT(nn.Module):
         ctx = self.crossattn_proj(text.to(self.dtype))
         return [block.cross_attn.key_value(ctx) for block in self.blocks]  # type: ignore[union-attr, operator]
 
-    def embed_timestep(self, t: float, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def timestep_tensor(self, t: float, device: torch.device) -> torch.Tensor:
+        """[1] float32 on `device`: t as the network receives it (rounded through the timestep dtype)."""
+        return torch.tensor([t], dtype=self.config.timestep_dtype).float().to(device)
+
+    def rope_tables(
+        self, grid: tuple[int, int, int], t_offset: int, device: torch.device, shard: SequenceShard = SINGLE
+    ) -> tuple[torch.Tensor, ...]:
+        """This rank's RoPE cos / sin for a chunk's token grid starting at latent frame `t_offset`."""
+        return tuple(shard.split(c, 0) for c in rope_cos_sin(self.config, *grid, t_offset=t_offset, device=device))
+
+    def embed_timestep(
+        self, t: float | torch.Tensor, batch: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """t: a float, or its `timestep_tensor` (a static buffer: no host value reaches the device in the call)."""
         cfg = self.config
-        t_net = torch.tensor([t], dtype=cfg.timestep_dtype).float().expand(batch).to(device)
+        t_net = (t if isinstance(t, torch.Tensor) else self.timestep_tensor(t, device)).expand(batch)
         s = timestep_sinusoid(t_net * cfg.timestep_scale, cfg.model_channels).to(self.dtype)
         return self.t_embedding_norm(s)[:, None], self.t_embedder[1](s)[:, None]
 
     def forward(
         self,
         x: torch.Tensor,
-        t: float,
+        t: float | torch.Tensor,
         cross_kv,
         *,
         cond_mask: torch.Tensor | None = None,
@@ -314,8 +327,12 @@ class OmniDreamsDiT(nn.Module):
         attention_config: dict | None = None,
         compiled: bool = False,
         shard: SequenceShard = SINGLE,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """x [B,16,T,H,W] (model latent space) at scalar timestep t -> flow [B,16,T,H,W] (float32).
+
+        t may be its `timestep_tensor` and rope the chunk's `rope_tables` (then t_offset is not read): a step on
+        static buffers, replayable as a CUDA graph, passes them.
 
         cond_mask [B,1,T,H,W] is 1 on pinned frame-0 latents; hdmap [B,16,T,H,W] or None (= zeros);
         t_offset is the chunk's first latent-frame index for RoPE; kv_cache has `block(i)` -> that block's
@@ -337,11 +354,11 @@ class OmniDreamsDiT(nn.Module):
             hidden = hidden + self.additional_patch_embedding(shard.split(patchify(hdmap.to(x), p, pt), 1))
         emb, lora = self.embed_timestep(t, b, x.device)
         grid = (t_len // pt, h // p, w // p)
-        key = (grid, t_offset, x.device, shard)
-        if self._rope_memo is None or self._rope_memo[0] != key:  # the 3 calls of a chunk share it
-            cos_sin = rope_cos_sin(cfg, *grid, t_offset=t_offset, device=x.device)
-            self._rope_memo = (key, tuple(shard.split(c, 0) for c in cos_sin))
-        rope = self._rope_memo[1]
+        if rope is None:
+            key = (grid, t_offset, x.device, shard)
+            if self._rope_memo is None or self._rope_memo[0] != key:  # the 3 calls of a chunk share it
+                self._rope_memo = (key, self.rope_tables(grid, t_offset, x.device, shard))
+            rope = self._rope_memo[1]
         attend = bind_attention(attention_config, len(self.blocks))
         blocks = self.compiled_blocks() if compiled else self.blocks
         for index, block in enumerate(blocks):

@@ -24,6 +24,7 @@ from ...models.omnidreams.dit import OmniDreamsDiT
 from ...models.omnidreams.kv_cache import FP8_STORAGE, RollingKVCache
 from .prompt_schedule import PromptSwitch
 from .schedule import ARSettings, released_schedule
+from .static_step import StaticChunk
 
 KV_STORAGE = {"auto": None, "fp8_e4m3fn": FP8_STORAGE}  # ARSettings.kv_dtype -> the window's storage dtype
 
@@ -47,7 +48,9 @@ class Rollout:
     text / prompt_schedule: the prompt from chunk 0 and ((chunk index, text), ...) from those chunks on; a prompt
     switched in while it runs comes through `switch_prompt` (None: none until then — a parallel worker's rollout).
     first_frame: clean normalised latent [1,16,1,h,w] pinned at frame 0 (None: no pin).
-    device: where it runs (the model's load device). compiled: the DiT blocks under torch.compile.
+    device: where it runs (the model's load device). compiled: the DiT blocks under torch.compile. cuda_graph: once
+    the window is full, each chunk runs on static buffers (`static_step.StaticChunk`), captured as a CUDA graph and
+    replayed where the device can (eagerly elsewhere); its one cancel point is before the chunk.
     shard: this rank's share of a context-parallel rollout (every rank runs the same steps on the same noise; the
     DiT splits each chunk's tokens and this rank's window holds its heads); interrupt: the cancel point before each
     DiT call (default: ComfyUI's; in a parallel run one that all ranks pass together).
@@ -66,6 +69,7 @@ class Rollout:
         attention_config: dict | None = None,
         device: torch.device,
         compiled: bool = False,
+        cuda_graph: bool = False,
         shard: SequenceShard = SINGLE,
         interrupt=None,
     ):
@@ -97,9 +101,11 @@ class Rollout:
         self.shape = (1, cfg.in_channels, lt, h, w)
         self.first_frame = first_frame
         self.chunk = 0  # index of the next chunk
+        self.static = StaticChunk(self) if cuda_graph else None
 
-    def _randn(self) -> torch.Tensor:  # drawn on CPU: the same noise on every device
-        return torch.randn(self.shape, generator=self.generator, dtype=torch.float32).to(self.device)
+    def draw(self) -> torch.Tensor:
+        """The next noise draw, on the CPU: the same noise on every device."""
+        return torch.randn(self.shape, generator=self.generator, dtype=torch.float32)
 
     def switch_prompt(self, chunk: int, text: torch.Tensor) -> None:
         """`text` from `chunk` on: the one way a prompt switches in while the rollout runs (a live session's prompt,
@@ -110,7 +116,13 @@ class Rollout:
     def _next_prompt(self) -> torch.Tensor | None:
         """The prompt that switches in at this chunk, its K/V computed (None while the one that holds goes on)."""
         text = self.prompts.switch(self.chunk)
-        if text is not None:
+        if text is None:
+            return None
+        if self.static is not None and self.cross:  # a chunk on static buffers reads these: refilled in place
+            for (k, v), (new_k, new_v) in zip(self.cross, self.dit.cross_kv(text)):
+                k.copy_(new_k)
+                v.copy_(new_v)
+        else:
             self.cross = []  # the previous prompt's K/V go first
             self.cross = self.dit.cross_kv(text)
         return text
@@ -122,27 +134,49 @@ class Rollout:
         self._next_prompt()
         return self._chunk(hdmap)
 
+    def denoise(self, draw, flow, pin=None, pin_context=None) -> torch.Tensor:
+        """A chunk's arithmetic (the module's note): draw(i) -> the i-th noise (the last: the context noise), flow(x,
+        i) -> the DiT at the i-th timestep (the last: the context write); pin / pin_context put the clean first frame
+        in (chunk 0 only). Both the eager step and the static one run it."""
+        sched, keep = self.schedule, (lambda x: x)
+        pin, pin_context = pin or keep, pin_context or keep
+        x0 = torch.empty(0)
+        for i, sigma in enumerate(sched.sigmas):
+            x = pin(draw(i) if i == 0 else (1 - sigma) * x0 + sigma * draw(i))  # later: re-noised to this sigma
+            x0 = x - sigma * flow(x, i)
+        x0 = pin(x0)  # the clean first-frame latent back in
+        context_noise = draw(len(sched.sigmas))  # drawn in both kv_finalize modes
+        if self.settings.kv_finalize == "context_noise":
+            xc = pin_context((1 - sched.context_sigma) * x0 + sched.context_sigma * context_noise)
+            flow(xc, len(sched.sigmas))  # output discarded; its K/V stay in this chunk's slot
+        return x0
+
     @torch.no_grad()
     def _chunk(self, hdmap: torch.Tensor | None) -> torch.Tensor:
         """The steps of one chunk with the prompt that holds."""
-        cross, dev, sched, lt, k = self.cross, self.device, self.schedule, self.settings.len_t, self.chunk
-        pin = k == 0 and self.first_frame is not None
-        image = inject = torch.empty(0)  # used only when pinning
-        if self.first_frame is not None and pin:
+        dev, sched, lt, k = self.device, self.schedule, self.settings.len_t, self.chunk
+        self.cache.begin_chunk()
+        if self.static is not None and self.cache.used == self.cache.slots:  # the window full: chunk 2 on by default
+            x0 = self.static(hdmap)
+            self.chunk += 1
+            return x0
+        pins, inject = {}, None
+        if k == 0 and self.first_frame is not None:
             image = torch.zeros(self.shape, device=dev)  # the clean first frame at frame 0
             image[:, :, :1] = self.first_frame.to(dev, torch.float32)
             inject = torch.zeros((1, 1, lt, *self.shape[-2:]), device=dev)  # 1 where it is pinned
             inject[:, :, 0] = 1.0
+            pins = dict(pin=lambda x: _pin(x, image, inject), pin_context=lambda x: _pin_context(x, image, inject))
         hd = hdmap.to(dev) if hdmap is not None else None
-        self.cache.begin_chunk()
+        times = (*sched.timesteps, sched.context_t)
 
-        def dit(x: torch.Tensor, t: float) -> torch.Tensor:
+        def flow(x: torch.Tensor, i: int) -> torch.Tensor:
             self.interrupt()
             return self.dit(
                 x,
-                t,
-                cross,
-                cond_mask=inject if pin else None,
+                times[i],
+                self.cross,
+                cond_mask=inject,
                 hdmap=hd,
                 t_offset=k * lt,
                 kv_cache=self.cache,
@@ -151,21 +185,7 @@ class Rollout:
                 shard=self.shard,
             )
 
-        x = x0 = self._randn()  # draw 1
-        for i, (sigma, t) in enumerate(zip(sched.sigmas, sched.timesteps)):
-            if i:
-                x = (1 - sigma) * x0 + sigma * self._randn()  # draw 2: re-noise to the next sigma
-            if pin:
-                x = _pin(x, image, inject)
-            x0 = x - sigma * dit(x, t)
-        if pin:
-            x0 = _pin(x0, image, inject)  # clean first-frame latent back in
-        context_noise = self._randn()  # draw 3 (in both modes)
-        if self.settings.kv_finalize == "context_noise":
-            xc = (1 - sched.context_sigma) * x0 + sched.context_sigma * context_noise
-            if pin:
-                xc = _pin_context(xc, image, inject)
-            dit(xc, sched.context_t)  # output discarded; its K/V stay in this chunk's slot
+        x0 = self.denoise(lambda i: self.draw().to(dev), flow, **pins)
         self.chunk += 1
         return x0
 
@@ -183,6 +203,8 @@ class Rollout:
         self.chunk = int(state["chunk"])
 
     def close(self) -> None:
+        if self.static is not None:
+            self.static.release()
         self.cache.free()  # the window is GBs at 704x1280
 
 
@@ -201,6 +223,8 @@ def rollout(
     bar=None,
     device: torch.device,
     prompt_schedule=(),
+    compiled: bool = False,
+    cuda_graph: bool = False,
 ) -> torch.Tensor:
     """Generate `num_chunks` chunks; returns the model-space latent [1, 16, len_t*N, h, w] (float32).
 
@@ -219,6 +243,8 @@ def rollout(
         settings=settings,
         attention_config=attention_config,
         device=device,
+        compiled=compiled,
+        cuda_graph=cuda_graph,
     )
     return run_chunks(run, num_chunks, hdmap=hdmap, bar=bar)
 

@@ -120,6 +120,10 @@ def open_rollout(model, **kwargs) -> Rollout:
     kwargs.update(attention_config=model.attention, device=model.device)
     if model.world_size == 1:
         return Rollout(dit, **kwargs)
+    if kwargs.get("cuda_graph"):
+        raise ValueError(
+            "cuda_graph runs one device's rollout: turn it off or set OmniVideo Parallel's world_size to 1"
+        )
     pool = ensure_workers(model)
     return DrivenRollout(pool, dit, model_key=model_key(model), **kwargs)
 

@@ -164,6 +164,7 @@ def stream(
     hdmap=None,
     resume: SavedState | None = None,
     compiled: bool = False,
+    cuda_graph: bool = False,
     progress=None,
     script: Script | None = None,
     encode: Callable[[str], torch.Tensor] | None = None,
@@ -173,7 +174,8 @@ def stream(
 
     hdmap: core's VIDEO of the HD-map, read chunk by chunk (None: no HD-map); resume: a file of an earlier run's
     `StreamResult.state` (`read_state_file`) with the same model, VAE, size, seed and settings, checked against this
-    run before it is loaded; compiled: the DiT blocks under torch.compile;
+    run before it is loaded; compiled: the DiT blocks under torch.compile; cuda_graph: chunks on static buffers,
+    replayed as a CUDA graph (`Rollout`);
     progress: a factory total -> bar with update(n, preview=PIL image); script: what happens before each chunk
     (default: `chunks` chunks, the conditioning's prompt schedule); encode: prompt text -> embedding, for the prompts
     a script switches in (the conditioning's text encoder); previews: each chunk's last frame on the progress bar (a
@@ -197,6 +199,7 @@ def stream(
         first_frame=conditioning.first_frame,
         settings=settings,
         compiled=compiled,
+        cuda_graph=cuda_graph,
     )
     maps = None
     try:
