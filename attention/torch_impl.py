@@ -83,6 +83,8 @@ def flash_varlen(q, k, v, *, scale=None, rows: AttnRows | None = None):
     if rows is not None and rows.kv_lengths is not None and used is None and b > 1:
         return sdpa(q, k, v, scale=scale, rows=rows)  # not the packed contract: O(B*S) key mask
     fa = _flash_attn_varlen() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+    if fa is not None and k.shape[1] != s:  # a KV window or a prompt longer than the queries: SDPA takes Sk != Sq
+        return sdpa(q, k, v, scale=scale, rows=rows)
     if fa is not None:
         if used is None:
             cu, max_len = list(range(0, (b + 1) * s, s)), s

@@ -11,6 +11,7 @@ import torch
 log = logging.getLogger("omnivideo")
 
 WARMUP_CALLS = 2  # eager calls before the capture (FlashDreams' cuda_graph_warmup_iters): lazy inits, autotuning
+MAX_CAPTURES = 4  # weights that keep moving (a card too small for them): eager after this many captures
 
 
 def can_capture(device: torch.device) -> bool:
@@ -23,25 +24,33 @@ class ReplayedStep:
 
     Everything the step reads must be refilled in place between calls. `storage()` names what else a replay reads
     at fixed addresses (the weights: ComfyUI may move them between calls to make room); when it changes, the graph is
-    captured again. A step that cannot be captured (weights streamed from the CPU by ComfyUI's partial load, an
-    operation that waits for the host) runs eagerly from then on, said once in the log."""
+    dropped and captured again after new warm-ups. A step that cannot be captured (weights ComfyUI streams from the
+    CPU, an operation that waits for the host) runs eagerly until the storage changes; after MAX_CAPTURES tries it
+    stays eager. Each capture and each failure is said in the log. The graph's pool (a step's activations) lives as
+    long as the graph: `release` frees it."""
 
     def __init__(self, step: Callable[[], None], device: torch.device, storage: Callable[[], object] = lambda: None):
         self.step, self.device, self.storage = step, device, storage
-        self.calls = 0  # calls since the last capture
+        self.calls = 0  # calls since the storage last changed
+        self.captures = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.captured_storage: object = None
-        self.eager = not can_capture(device)
+        self.seen_storage: object = None
+        self.failed = False  # the capture with this storage failed
 
     @property
     def captured(self) -> bool:
         return self.graph is not None
 
     def __call__(self) -> None:
-        if self.graph is not None and self.storage() != self.captured_storage:
-            self.release()  # the weights moved: warm up and capture again
+        if not can_capture(self.device) or self.captures >= MAX_CAPTURES:
+            self.step()
+            return
+        storage = self.storage()
+        if storage != self.seen_storage:  # the weights moved (or the first call): warm up and capture again
+            self.release()
+            self.seen_storage, self.failed = storage, False
         self.calls += 1
-        if self.eager:
+        if self.failed:
             self.step()
         elif self.graph is None and self.calls <= WARMUP_CALLS:
             side = torch.cuda.Stream(self.device)
@@ -59,14 +68,17 @@ class ReplayedStep:
 
     def _capture(self) -> None:
         graph = torch.cuda.CUDAGraph()
+        self.captures += 1
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: the web server's threads (a live session's frames) may use CUDA meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.step()  # recorded, not run: the replay runs it
         except Exception as err:  # nothing ran: the step's storage is as it was
-            self.eager = True
+            self.failed = True
             log.warning("omnivideo: the step cannot be captured as a CUDA graph (%s); it runs eagerly", err)
             return
-        self.graph, self.captured_storage = graph, self.storage()
+        self.graph = graph
+        log.info("omnivideo: the step is captured as a CUDA graph (capture %d)", self.captures)
 
     def release(self) -> None:
         self.graph, self.calls = None, 0

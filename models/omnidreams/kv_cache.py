@@ -7,8 +7,9 @@ constant for the whole rollout). Layout [sink | window], in chunk-sized slots: c
 chunk overwrites that chunk's slot, so after the chunk the slot holds the K/V of its last call
 (the context-noise refresh). Attention sees [used slots up to and including this chunk].
 
-The window may be stored in float8_e4m3fn (`storage_dtype`, half the bytes of bf16): K/V are cast with a static
-per-tensor scale of 1 (torch's cast saturates at e4m3's +-448) and read back in the compute dtype. Scale 1, as
+The window may be stored in float8_e4m3fn (`storage_dtype`, half the bytes of bf16): K/V are clamped to e4m3's
++-448 (older torch casts beyond it to NaN, which would spoil every later chunk) and cast with a static per-tensor scale
+of 1, and read back in the compute dtype. Scale 1, as
 FlashDreams' fp8_kvcache: the DiT's K are RMS-normed per head and its V stay small, well inside +-448 where e4m3 keeps
 3 mantissa bits; no amax reduction per write (nothing data-dependent in the step, nothing to sync), and a saved window
 is its stored bytes, no scales beside it.
@@ -29,6 +30,12 @@ import torch
 Entries = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 MAX_SAVED_BLOCKS = 1024  # blocks a saved window may name (real models: tens)
 FP8_STORAGE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_STORAGE).max  # 448
+
+
+def _stored(kv: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """K or V as the window keeps them: clamped into e4m3's range when it is fp8 (scale 1), else as they are."""
+    return kv.clamp(-FP8_MAX, FP8_MAX) if window.dtype == FP8_STORAGE else kv
 
 
 def _read(window: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -79,8 +86,8 @@ class BlockWindow:
         if k.shape[1] != roll.chunk_tokens:
             raise ValueError(f"chunk has {k.shape[1]} tokens, cache slots hold {roll.chunk_tokens}")
         lo = roll.slot * roll.chunk_tokens
-        self.k[:, lo : lo + roll.chunk_tokens] = k  # cast into the window's dtype
-        self.v[:, lo : lo + roll.chunk_tokens] = v
+        self.k[:, lo : lo + roll.chunk_tokens] = _stored(k, self.k)  # cast into the window's dtype
+        self.v[:, lo : lo + roll.chunk_tokens] = _stored(v, self.v)
         end = roll.visible_tokens
         return _read(self.k[:, :end], k.dtype), _read(self.v[:, :end], v.dtype)
 

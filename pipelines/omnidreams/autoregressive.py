@@ -156,7 +156,8 @@ class Rollout:
         """The steps of one chunk with the prompt that holds."""
         dev, sched, lt, k = self.device, self.schedule, self.settings.len_t, self.chunk
         self.cache.begin_chunk()
-        if self.static is not None and self.cache.used == self.cache.slots:  # the window full: chunk 2 on by default
+        steady = self.cache.used == self.cache.slots and not (k == 0 and self.first_frame is not None)
+        if self.static is not None and steady:  # the window full and nothing pinned: chunk 2 on by default
             x0 = self.static(hdmap)
             self.chunk += 1
             return x0
@@ -205,6 +206,7 @@ class Rollout:
     def close(self) -> None:
         if self.static is not None:
             self.static.release()
+        self.cross = []  # the prompt's K/V (0.1 GB at 2B) go with the window
         self.cache.free()  # the window is GBs at 704x1280
 
 

@@ -29,6 +29,8 @@ class StaticChunk:
         self.out = torch.empty(run.shape, device=device)
         self.rope: tuple[torch.Tensor, ...] = ()
         self.hdmap: torch.Tensor | None = None
+        self.reads_hdmap: bool | None = None  # fixed by the first static chunk: every capture reads the same inputs
+        self.chunks = 0  # chunks run on these buffers
         # a replay reads the DiT's weights where they were at the capture: ComfyUI may move them between chunks
         self.replayed = ReplayedStep(self._step, device, lambda: [p.data_ptr() for p in run.dit.parameters()])
 
@@ -48,13 +50,16 @@ class StaticChunk:
         self.rope = self.rope or tuple(torch.empty_like(table) for table in rope)
         for buffer, table in zip(self.rope, rope):
             buffer.copy_(table)
-        if (hdmap is None) != (self.hdmap is None) and self.replayed.calls:
+        if self.reads_hdmap is None:
+            self.reads_hdmap = hdmap is not None
+        if (hdmap is not None) != self.reads_hdmap:
             raise ValueError("a rollout on static buffers reads an HD-map at every chunk or at none")
         if hdmap is not None:
             self.hdmap = self.hdmap if self.hdmap is not None else torch.empty(hdmap.shape, device=run.device)
             self.hdmap.copy_(hdmap)
         run.interrupt()  # the one cancel point of a chunk: a graph replays whole
         self.replayed()
+        self.chunks += 1
         return self.out.clone()
 
     def _step(self) -> None:
