@@ -12,6 +12,7 @@ from .lora import OmniVideoLoRA
 from .omnidreams import NODES as OMNIDREAMS_NODES
 from .omnidreams_live import NODES as LIVE_NODES
 from .omnidreams_stream import NODES as STREAM_NODES
+from .omnidreams_text import NODES as OMNIDREAMS_TEXT_NODES
 from .parallel import OmniVideoParallel, OmniVideoSequenceParallel
 from .sampler import OmniVideoSampler
 from .wan_vae_decode import OmniVideoWanVAEDecode
@@ -26,6 +27,7 @@ NODES: list[Any] = [
     OmniVideoSequenceParallel,
     OmniVideoLoRA,
     *OMNIDREAMS_NODES,
+    *OMNIDREAMS_TEXT_NODES,
     *STREAM_NODES,
     *LIVE_NODES,
     *H3_NODES,

@@ -11,6 +11,7 @@ from omnivideo import compat
 from omnivideo.models.handles import OmniDreamsConditioning
 from omnivideo.models.omnidreams.text import save_embedding
 from omnivideo.nodes import omnidreams as nodes
+from omnivideo.nodes import omnidreams_text as text_nodes
 from omnivideo.nodes.sampler import FAMILY_SAMPLERS, OmniVideoSampler
 from omnivideo.pipelines import omnidreams as pipe
 
@@ -84,8 +85,8 @@ def test_steps_comfyui_does_not_check_are_checked_before_work():
 def test_load_text_embedding_node(comfy_folders):
     emb = torch.randn(1, 512, 12)
     save_embedding(str(comfy_folders.models("text_encoders") / "prompt.safetensors"), emb, "p")
-    assert nodes.OmniDreamsLoadTextEmbedding.validate_inputs(embedding="prompt.safetensors") is True
-    cond = nodes.OmniDreamsLoadTextEmbedding.execute("prompt.safetensors")[0]
+    assert text_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(embedding="prompt.safetensors") is True
+    cond = text_nodes.OmniDreamsLoadTextEmbedding.execute("prompt.safetensors")[0]
     assert cond.family == "omnidreams"
     torch.testing.assert_close(cond.text, emb)
 
@@ -139,7 +140,7 @@ def test_node_schemas():
 
 def test_text_encode_rejects_another_familys_encoder():
     with pytest.raises(ValueError, match="Cosmos-Reason1"):
-        nodes.OmniDreamsTextEncode.execute(object(), "a prompt")
+        text_nodes.OmniDreamsTextEncode.execute(object(), "a prompt")
 
 
 def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders, monkeypatch):
@@ -156,10 +157,10 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
     monkeypatch.setattr(nodes, "encode_prompt", fake_encode)
     encoder = TextEncoder(compat.manage(torch.nn.Identity(), "text_encoder", torch.device("cpu")), None, "tiny")
 
-    cond = nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
+    cond = text_nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
     torch.testing.assert_close(cond.text, emb)
     torch.testing.assert_close(load_embedding(str(out_dir / "prompts" / "night.safetensors")), emb)
-    nodes.OmniDreamsTextEncode.execute(encoder, "a truck", save_as="prompts/night")  # never overwrites
+    text_nodes.OmniDreamsTextEncode.execute(encoder, "a truck", save_as="prompts/night")  # never overwrites
     torch.testing.assert_close(load_embedding(str(out_dir / "prompts" / "night.safetensors")), emb)
     assert (out_dir / "prompts" / "night_00001.safetensors").is_file()
     assert encoded == ["a car", "a truck"]
@@ -176,9 +177,9 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
         ("x" * 300, "longer than"),
         ("C:\\x", "absolute"),
     ):
-        assert "refused" in nodes.OmniDreamsTextEncode.validate_inputs(save_as=bad)
+        assert "refused" in text_nodes.OmniDreamsTextEncode.validate_inputs(save_as=bad)
         with pytest.raises(ValueError, match=why):
-            nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=bad)
+            text_nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=bad)
     assert encoded == ["a car", "a truck"]  # refused before the (heavy) encode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["comfyui", "elsewhere"]
     assert not any((tmp_path / "elsewhere").iterdir())  # nothing written outside

@@ -19,7 +19,7 @@ from support.omnidreams_tiny import write_tiny_cosmos_reason1
 
 from omnivideo.models.handles import OmniDreamsConditioning
 from omnivideo.models.omnidreams import text as te
-from omnivideo.nodes import omnidreams as nodes
+from omnivideo.nodes import omnidreams_text as nodes
 from omnivideo.pipelines import omnidreams as pipe
 
 WIDE_HIDDEN, WIDE_LAYERS = 256, 80  # a full_concat width of 20480: 40 MiB per prompt, which dominates the peak
@@ -107,7 +107,7 @@ from omnivideo import compat
 from omnivideo.models.handles import OmniDreamsModel
 from omnivideo.models.omnidreams import text as te
 from omnivideo.models.omnidreams.loader import build_dit
-from omnivideo.nodes.omnidreams import OmniDreamsPromptSchedule, OmniDreamsTextEncode
+from omnivideo.nodes.omnidreams_text import OmniDreamsPromptSchedule, OmniDreamsTextEncode
 from omnivideo.pipelines import omnidreams as pipe
 from omnivideo.selftest.tiny.omnidreams import TINY, stored_state_dict
 

@@ -145,7 +145,7 @@ def test_encoder_is_loaded_by_model_management_and_releases_activations(encoder_
 
 def test_prompt_schedule_node_encodes_each_prompt_once(encoder):
     from omnivideo.models.handles import OmniDreamsConditioning
-    from omnivideo.nodes.omnidreams import OmniDreamsPromptSchedule
+    from omnivideo.nodes.omnidreams_text import OmniDreamsPromptSchedule
 
     first = torch.randn(1, 16, 1, 4, 6)
     cond = OmniDreamsConditioning(text=te.encode_prompt(encoder, "a car"), first_frame=first)
@@ -166,7 +166,7 @@ def test_the_loaders_device_cpu_keeps_the_encoder_on_the_cpu(comfy_folders, monk
     """device 'cpu' (the 24-32 GB recipe): the encoder loads and offloads on the CPU whatever ComfyUI picks for text
     encoders, and encodes there in bf16; 'default' (and a workflow saved before the option) is ComfyUI's pick."""
     from omnivideo.compat import model_management
-    from omnivideo.nodes import omnidreams as nodes
+    from omnivideo.nodes import omnidreams_text as nodes
 
     write_tiny_cosmos_reason1(comfy_folders.models("text_encoders") / "cosmos_reason1_tiny")
     gpu = torch.device("cuda", 7)  # what ComfyUI would pick on a GPU machine; never used here

@@ -22,6 +22,7 @@ from omnivideo.integration import safe_paths
 from omnivideo.models.checkpoint_io import CheckpointError, read_safetensors, read_torch_file, safetensors_keys
 from omnivideo.nodes import h3 as h3_nodes
 from omnivideo.nodes import omnidreams as od_nodes
+from omnivideo.nodes import omnidreams_text as od_text_nodes
 
 _OPENED: list[str] | None = None
 
@@ -72,7 +73,7 @@ def _bait_h3_folder(path):
 # node, input, ComfyUI folder kind, bait maker(outside dir) -> bait path, other inputs for execute
 INPUTS = [
     (
-        od_nodes.OmniDreamsLoadTextEmbedding,
+        od_text_nodes.OmniDreamsLoadTextEmbedding,
         "embedding",
         "text_encoders",
         lambda d: _bait_file(d / "bait.safetensors"),
@@ -95,7 +96,7 @@ INPUTS = [
         {"folder": "MiniMax-H3"},
     ),
     (
-        od_nodes.OmniDreamsTextEncoderLoader,
+        od_text_nodes.OmniDreamsTextEncoderLoader,
         "folder",
         "text_encoders",
         lambda d: _bait_folder(d / "bait_cosmos", "qwen2_5_vl"),
@@ -158,10 +159,10 @@ def test_a_link_placed_in_a_models_folder_is_followed_as_core_does(tmp_path, com
     _bait_file(outside / "prompt.safetensors", keys=("omnidreams_text_embedding",))
     save_file({"weight": torch.zeros(2)}, str(outside / "weights.safetensors"))
     (comfy_folders.models("text_encoders") / "shared").symlink_to(outside, target_is_directory=True)
-    listed = od_nodes.OmniDreamsLoadTextEmbedding.define_schema().inputs[0].options["options"]
+    listed = od_text_nodes.OmniDreamsLoadTextEmbedding.define_schema().inputs[0].options["options"]
     assert listed == ["shared/prompt.safetensors"]
-    assert od_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(embedding="shared/prompt.safetensors") is True
-    assert "not an OmniDreams prompt embedding" in od_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(
+    assert od_text_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(embedding="shared/prompt.safetensors") is True
+    assert "not an OmniDreams prompt embedding" in od_text_nodes.OmniDreamsLoadTextEmbedding.validate_inputs(
         embedding="shared/weights.safetensors"
     )
 
@@ -213,15 +214,15 @@ def test_dropdowns_list_exactly_what_the_nodes_accept(comfy_folders):
     def options(node, name):
         return {i.id: i for i in node.define_schema().inputs}[name].options["options"]
 
-    assert options(od_nodes.OmniDreamsTextEncoderLoader, "folder") == ["Cosmos-Reason1-7B"]
+    assert options(od_text_nodes.OmniDreamsTextEncoderLoader, "folder") == ["Cosmos-Reason1-7B"]
     assert options(h3_nodes.OmniVideoH3TextEncoderLoader, "folder") == ["Qwen3-VL-32B-Instruct", "vendor/qwen3"]
-    assert options(od_nodes.OmniDreamsLoadTextEmbedding, "embedding") == ["night.safetensors"]
+    assert options(od_text_nodes.OmniDreamsLoadTextEmbedding, "embedding") == ["night.safetensors"]
     assert options(h3_nodes.OmniVideoH3TextEncode, "embedding_file") == ["", "fox.safetensors"]
     assert options(od_nodes.OmniDreamsModelLoader, "ckpt_name") == ["omnidreams.pt"]
     assert options(h3_nodes.OmniVideoH3Loader, "folder") == ["MiniMax-H3"]
     # and each listed entry passes the node's own check, each unlisted one fails it
-    assert od_nodes.OmniDreamsTextEncoderLoader.validate_inputs(folder="Cosmos-Reason1-7B") is True
-    assert "qwen3_vl" in od_nodes.OmniDreamsTextEncoderLoader.validate_inputs(folder="Qwen3-VL-32B-Instruct")
+    assert od_text_nodes.OmniDreamsTextEncoderLoader.validate_inputs(folder="Cosmos-Reason1-7B") is True
+    assert "qwen3_vl" in od_text_nodes.OmniDreamsTextEncoderLoader.validate_inputs(folder="Qwen3-VL-32B-Instruct")
     assert "no config.json" in h3_nodes.OmniVideoH3TextEncoderLoader.validate_inputs(folder="not_a_model")
     assert "MiniMax-H3" in h3_nodes.OmniVideoH3Loader.validate_inputs(folder="Wan2.1")
     assert "only .pt" in od_nodes.OmniDreamsModelLoader.validate_inputs(ckpt_name="notes.txt")

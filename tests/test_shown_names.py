@@ -11,7 +11,7 @@ from support.h3_tiny import make_models, write_folder
 from omnivideo.models.checkpoint_io import CheckpointError, shown_in, shown_name
 from omnivideo.models.handles import describe_weights
 from omnivideo.nodes import h3 as h3_nodes
-from omnivideo.nodes import omnidreams as omnidreams_nodes
+from omnivideo.nodes import omnidreams_text as omnidreams_text_nodes
 
 H3_NAME = "MiniMax-H3-tiny"
 DAMAGED = f"diffusers/{H3_NAME}/vae/diffusion_pytorch_model.safetensors"
@@ -45,7 +45,7 @@ def test_a_damaged_config_in_a_model_folder_is_named_with_its_folder(comfy_folde
     encoder = comfy_folders.models("text_encoders") / "cosmos" / "reason1"
     encoder.mkdir(parents=True)
     (encoder / "config.json").write_text(json.dumps([1]))
-    refused = omnidreams_nodes.OmniDreamsTextEncoderLoader.validate_inputs(folder="cosmos/reason1")
+    refused = omnidreams_text_nodes.OmniDreamsTextEncoderLoader.validate_inputs(folder="cosmos/reason1")
     assert "text_encoders/cosmos/reason1/config.json does not hold a JSON object" in refused, refused
     assert str(comfy_folders.base) not in refused + shown_in(f"Can't load '{encoder}' here", encoder)
 

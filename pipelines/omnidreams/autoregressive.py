@@ -151,13 +151,16 @@ class Rollout:
             flow(xc, len(sched.sigmas))  # output discarded; its K/V stay in this chunk's slot
         return x0
 
+    def _steady(self) -> bool:
+        """Whether this chunk (its window slot taken) runs as every later one: the window full, nothing pinned."""
+        return self.cache.used == self.cache.slots and not (self.chunk == 0 and self.first_frame is not None)
+
     @torch.no_grad()
     def _chunk(self, hdmap: torch.Tensor | None) -> torch.Tensor:
         """The steps of one chunk with the prompt that holds."""
         dev, sched, lt, k = self.device, self.schedule, self.settings.len_t, self.chunk
         self.cache.begin_chunk()
-        steady = self.cache.used == self.cache.slots and not (k == 0 and self.first_frame is not None)
-        if self.static is not None and steady:  # the window full and nothing pinned: chunk 2 on by default
+        if self.static is not None and self._steady():  # the window full and nothing pinned: chunk 2 on by default
             x0 = self.static(hdmap)
             self.chunk += 1
             return x0
