@@ -123,16 +123,16 @@ def test_sampler_dispatch_and_family_mismatch():
 
 
 def test_node_schemas():
-    ids = [n.define_schema().node_id for n in (*nodes.NODES, OmniVideoSampler)]
+    ids = [n.define_schema().node_id for n in (*nodes.NODES, *text_nodes.NODES, OmniVideoSampler)]
     assert ids == [
         "OmniDreamsModelLoader",
+        "OmniDreamsEncodeFirstFrame",
+        "OmniDreamsEncodeHDMap",
+        "OmniDreamsSampler",
         "OmniDreamsTextEncoderLoader",
         "OmniDreamsTextEncode",
         "OmniDreamsPromptSchedule",
         "OmniDreamsLoadTextEmbedding",
-        "OmniDreamsEncodeFirstFrame",
-        "OmniDreamsEncodeHDMap",
-        "OmniDreamsSampler",
         "OmniVideoSampler",
     ]
     assert "zeros" in nodes.OmniDreamsEncodeHDMap.define_schema().description
@@ -154,7 +154,7 @@ def test_text_encode_save_as_stays_in_the_output_folder(tmp_path, comfy_folders,
         encoded.append(prompt)
         return emb
 
-    monkeypatch.setattr(nodes, "encode_prompt", fake_encode)
+    monkeypatch.setattr(text_nodes, "encode_prompt", fake_encode)
     encoder = TextEncoder(compat.manage(torch.nn.Identity(), "text_encoder", torch.device("cpu")), None, "tiny")
 
     cond = text_nodes.OmniDreamsTextEncode.execute(encoder, "a car", save_as=" prompts/night ")[0]
