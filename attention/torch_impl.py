@@ -44,7 +44,10 @@ def sdpa(q, k, v, *, scale=None, rows: AttnRows | None = None):
     return _sdpa(q, k, v, scale)
 
 
-def _flash_attn_varlen():
+def _flash_attn_varlen(q: torch.Tensor):
+    """flash_attn's varlen kernel where it runs these queries (CUDA, fp16 / bf16, the package installed), else None."""
+    if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
+        return None
     try:
         return importlib.import_module("flash_attn").flash_attn_varlen_func
     except Exception:
@@ -82,7 +85,7 @@ def flash_varlen(q, k, v, *, scale=None, rows: AttnRows | None = None):
     used = packed_used(rows, b, s)
     if rows is not None and rows.kv_lengths is not None and used is None and b > 1:
         return sdpa(q, k, v, scale=scale, rows=rows)  # not the packed contract: O(B*S) key mask
-    fa = _flash_attn_varlen() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+    fa = _flash_attn_varlen(q)
     if fa is not None and k.shape[1] != s:  # a KV window or a prompt longer than the queries: SDPA takes Sk != Sq
         return sdpa(q, k, v, scale=scale, rows=rows)
     if fa is not None:

@@ -118,3 +118,25 @@ def test_scale_and_stats_helpers_are_shared():
         "nominal_sparsity": 0.5,
     }
     rainfusion.record_stats(None, plan)  # no stats dict: nothing to do
+
+
+def test_flash_varlen_reads_every_key_of_a_longer_window(monkeypatch, sdpa_calls):
+    """A KV window (or a prompt) longer than the queries: flash_attn's varlen kernel would be handed the queries'
+    cu_seqlens for the keys too and read only the first Sq keys; such a call goes to SDPA over all keys. Queries and
+    keys of one length still go to the kernel (a stand-in here: flash_attn needs CUDA)."""
+    from omnivideo.attention import torch_impl
+
+    kernel_calls = []
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None):
+        kernel_calls.append((tuple(k.shape), cu_k.tolist()))
+        return ref(q[None], k[None], v[None])[0]
+
+    monkeypatch.setattr(torch_impl, "_flash_attn_varlen", lambda q: kernel)
+    q, window, _ = qkv(s=3 * 40)
+    q = q[:, :40]  # one chunk of queries over a three-chunk window
+    out = flash_varlen(q, window, window)
+    assert not kernel_calls and sdpa_calls == [(120, None)]
+    assert torch.allclose(out, ref(q, window, window), atol=1e-6), "not attention over every key of the window"
+    flash_varlen(q, q, q)
+    assert kernel_calls == [((40, 2, 16), [0, 40])]
